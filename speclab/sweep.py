@@ -1,0 +1,171 @@
+"""Sweeps: workloads x drafts x k x batch sizes, each against a k = 0 baseline measured in the
+same sweep on the same prompts (one variable changed). Used by the app, the notebooks and
+the benchmark; returns a pandas DataFrame, one row per cell.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .drafters import make_drafter
+from .engine import SpeculativeDecoder
+from .errors import SpeclabError
+from .models import LM, load_model
+
+_MODELS: dict[tuple, LM] = {}
+
+
+def cached_model(spec: str, device=None, role: str = "model") -> LM:
+    """Load once per process (the app and notebooks re-run often)."""
+    key = (spec, str(device))
+    if key not in _MODELS:
+        _MODELS[key] = load_model(spec, device=device, role=role)
+    return _MODELS[key]
+
+
+_DRAFTERS: dict[tuple, object] = {}
+
+
+def cached_drafter(spec: str, target: LM):
+    if str(spec).lower() in ("none", "", "baseline"):
+        return None
+    key = (spec, id(target))
+    if key not in _DRAFTERS:
+        if str(spec).lower() in ("ngram", "prompt-lookup", "prompt_lookup", "pld"):
+            _DRAFTERS[key] = make_drafter(spec, target)
+        else:
+            from .drafters import ModelDrafter
+            from .models import check_same_tokenizer
+
+            draft = cached_model(spec, device=target.device, role="draft")
+            check_same_tokenizer(target, draft)
+            _DRAFTERS[key] = ModelDrafter(draft, target.vocab_size)
+    return _DRAFTERS[key]
+
+
+@dataclass
+class SweepSpec:
+    workloads: list[str]
+    drafts: list[str]
+    ks: list[int] = field(default_factory=lambda: [4])
+    batches: list[int] = field(default_factory=lambda: [1])
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 48
+    prompts_per_workload: int = 4
+    seed: int = 0
+
+
+def _batches(prompts: list[str], batch: int, n_prompts: int) -> list[list[str]]:
+    """n_prompts prompts (cycled if the workload is short), grouped into batches of `batch` rows."""
+    if not prompts:
+        raise SpeclabError("a workload has no prompts")
+    total = max(n_prompts, batch)
+    total = ((total + batch - 1) // batch) * batch
+    seq = [prompts[i % len(prompts)] for i in range(total)]
+    return [seq[i:i + batch] for i in range(0, total, batch)]
+
+
+def measure(dec: SpeculativeDecoder, groups: list[list[str]], k: int, spec: SweepSpec) -> dict:
+    """Run every batch; throughput = generated tokens / wall time; acceptance from the events."""
+    drafted = accepted = row_rounds = gen = 0
+    pos_d: dict[int, int] = {}
+    pos_a: dict[int, int] = {}
+    ttft, tpot = [], []
+    wall = 0.0
+    for i, g in enumerate(groups):
+        t = time.perf_counter()
+        res = dec.generate(g, k=k, max_new_tokens=spec.max_new_tokens, temperature=spec.temperature,
+                           top_p=spec.top_p, seed=spec.seed + i)
+        wall += time.perf_counter() - t
+        c = res.recorder.counters()
+        drafted += c["drafted"]
+        accepted += c["accepted"]
+        row_rounds += c["row_rounds"]
+        gen += res.metrics["generated_tokens"]
+        for p, n in c["pos_drafted"].items():
+            pos_d[p] = pos_d.get(p, 0) + n
+            pos_a[p] = pos_a.get(p, 0) + c["pos_accepted"].get(p, 0)
+        if res.metrics["ttft_ms"] is not None:
+            ttft.append(res.metrics["ttft_ms"])
+        if res.metrics["tpot_ms"] is not None:
+            tpot.append(res.metrics["tpot_ms"])
+    import statistics
+
+    return {
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_accepted_length": accepted / row_rounds + 1 if row_rounds else None,
+        "per_position_acceptance": [pos_a.get(p, 0) / pos_d[p] for p in sorted(pos_d)],
+        "tokens_per_s": gen / wall if wall else None,
+        "generated_tokens": gen,
+        "wall_s": wall,
+        "ttft_ms": statistics.median(ttft) if ttft else None,
+        "tpot_ms": statistics.median(tpot) if tpot else None,
+    }
+
+
+def run_sweep(target: LM | str, spec: SweepSpec, progress: Callable[[float, str], None] | None = None,
+              cancel: Callable[[], bool] | None = None):
+    """One row per (workload, batch, draft, k), plus the k = 0 baseline rows (draft 'none')."""
+    import pandas as pd
+
+    from .workloads import load_workload
+
+    if isinstance(target, str):
+        target = cached_model(target, role="target")
+    if not spec.workloads or not spec.drafts or not spec.ks or not spec.batches:
+        raise SpeclabError("a sweep needs at least one workload, draft, k and batch size")
+    for k in spec.ks:
+        if not 0 <= k <= 32:
+            raise SpeclabError(f"k must be between 0 and 32, got {k}")
+    for b in spec.batches:
+        if not 1 <= b <= 64:
+            raise SpeclabError(f"batch size must be between 1 and 64, got {b}")
+    cells = [(w, b, d, k) for w in spec.workloads for b in spec.batches for d in spec.drafts for k in spec.ks if k > 0]
+    total = len(spec.workloads) * len(spec.batches) + len(cells)
+    done = 0
+    rows = []
+    base_dec = SpeculativeDecoder(target, None)
+    for w in spec.workloads:
+        prompts = [p.prompt for p in load_workload(w)]
+        for b in spec.batches:
+            groups = _batches(prompts, b, spec.prompts_per_workload)
+            if cancel and cancel():
+                return pd.DataFrame(rows)
+            base = measure(base_dec, groups, 0, spec)
+            done += 1
+            if progress:
+                progress(done / total, f"{w} batch {b} baseline")
+            rows.append(dict(workload=w, batch=b, draft="none", k=0, temperature=spec.temperature, **base,
+                             baseline_tokens_per_s=base["tokens_per_s"], speedup=1.0))
+            for d in spec.drafts:
+                dec = SpeculativeDecoder(target, cached_drafter(d, target))
+                for k in spec.ks:
+                    if k == 0:
+                        continue
+                    if cancel and cancel():
+                        return pd.DataFrame(rows)
+                    m = measure(dec, groups, k, spec)
+                    done += 1
+                    if progress:
+                        progress(done / total, f"{w} batch {b} {d} k={k}")
+                    rows.append(dict(workload=w, batch=b, draft=d, k=k, temperature=spec.temperature, **m,
+                                     baseline_tokens_per_s=base["tokens_per_s"],
+                                     speedup=m["tokens_per_s"] / base["tokens_per_s"]))
+    return pd.DataFrame(rows)
+
+
+def crossover_batch(df, group=("workload", "draft", "k")):
+    """Per (workload, draft, k): the smallest batch size where speculation stops paying (speedup < 1),
+    None when it pays at every batch size measured."""
+    import pandas as pd
+
+    out = []
+    spec = df[df["k"] > 0]
+    for key, g in spec.groupby(list(group)):
+        g = g.sort_values("batch")
+        losing = g[g["speedup"] < 1.0]
+        out.append(dict(zip(group, key), crossover_batch=int(losing["batch"].iloc[0]) if len(losing) else None))
+    return pd.DataFrame(out)

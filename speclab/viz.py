@@ -1,0 +1,161 @@
+"""What the app and the notebooks show: token HTML, metric cards and Altair charts.
+
+One module for both, built only from engine output (token dicts, metrics, sweep DataFrames);
+nothing here decodes.
+"""
+
+from __future__ import annotations
+
+import html
+
+COLOURS = {"accepted": "#1a7f37", "rejected": "#cf222e", "recovered": "#d4760a", "bonus": "#0969da",
+           "target": "#57606a"}
+
+TOKEN_CSS = """
+<style>
+.speclab-tokens { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; white-space: pre-wrap;
+  line-height: 1.7; font-size: 14px; padding: 8px; border-radius: 6px; background: #fafbfc; color: #24292f; }
+.speclab-tokens .prompt { color: #8c959f; }
+.speclab-tokens .tok { border-radius: 3px; padding: 0 1px; margin: 0 0.5px; }
+.speclab-tokens .tok-accepted { background: #dafbe1; color: #1a7f37; }
+.speclab-tokens .tok-rejected { background: #ffebe9; color: #cf222e; text-decoration: line-through; }
+.speclab-tokens .tok-recovered { background: #fff1e5; color: #bc4c00; }
+.speclab-tokens .tok-bonus { background: #ddf4ff; color: #0969da; }
+.speclab-tokens .tok-target { color: #24292f; }
+.speclab-legend span { margin-right: 10px; font-size: 13px; }
+.speclab-cards { display: flex; flex-wrap: wrap; gap: 8px; }
+.speclab-card { border: 1px solid #d0d7de; border-radius: 8px; padding: 8px 12px; min-width: 110px; background: #fff; }
+.speclab-card .v { font-size: 20px; font-weight: 600; color: #24292f; }
+.speclab-card .l { font-size: 12px; color: #57606a; }
+</style>
+"""
+
+
+def _fmt(p) -> str:
+    return "–" if p is None else f"{p:.3f}"
+
+
+def token_span(t: dict) -> str:
+    title = (f"{t['status']} · round {t['round']} · draft p={_fmt(t.get('draft_prob'))} · "
+             f"target p={_fmt(t.get('target_prob'))} · id {t['token']}")
+    return (f'<span class="tok tok-{t["status"]}" data-status="{t["status"]}" title="{html.escape(title)}">'
+            f'{html.escape(t["text"])}</span>')
+
+
+def legend_html() -> str:
+    items = "".join(f'<span class="tok tok-{s}">■ {s}</span>' for s in COLOURS)
+    return f'<div class="speclab-tokens speclab-legend">{items}</div>'
+
+
+def tokens_html(tokens: list[dict], prompt: str | None = None, css: bool = True) -> str:
+    """A row's tokens as coloured spans; hovering shows status, round and both probabilities."""
+    body = "".join(token_span(t) for t in tokens)
+    pre = f'<span class="prompt">{html.escape(prompt)}</span>' if prompt else ""
+    return (TOKEN_CSS if css else "") + f'<div class="speclab-tokens">{pre}{body}</div>'
+
+
+def metric_cards_html(m: dict, baseline: dict | None = None) -> str:
+    def f(x, spec):
+        return "–" if x is None else format(x, spec)
+
+    cards = [
+        ("acceptance rate", f(m.get("acceptance_rate"), ".2f")),
+        ("mean accepted length", f(m.get("mean_accepted_length"), ".2f")),
+        ("tokens/s", f(m.get("tokens_per_s"), ".1f")),
+        ("TTFT ms", f(m.get("ttft_ms"), ".1f")),
+        ("TPOT ms", f(m.get("tpot_ms"), ".2f")),
+    ]
+    if baseline is not None and baseline.get("tokens_per_s") and m.get("tokens_per_s"):
+        cards.append(("speedup vs k=0", f"{m['tokens_per_s'] / baseline['tokens_per_s']:.2f}×"))
+    inner = "".join(f'<div class="speclab-card"><div class="v">{v}</div><div class="l">{l}</div></div>'
+                    for l, v in cards)
+    return TOKEN_CSS + f'<div class="speclab-cards">{inner}</div>'
+
+
+# ------------------------------------------------------------------------------------- charts
+def acceptance_vs_throughput(df):
+    import altair as alt
+
+    d = df[df["k"] > 0]
+    return alt.Chart(d).mark_circle(size=90).encode(
+        x=alt.X("acceptance_rate:Q", title="acceptance rate", scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("tokens_per_s:Q", title="tokens/s"),
+        color=alt.Color("draft:N"),
+        shape=alt.Shape("k:O"),
+        tooltip=["workload", "draft", "k", "batch", alt.Tooltip("acceptance_rate:Q", format=".2f"),
+                 alt.Tooltip("tokens_per_s:Q", format=".1f"), alt.Tooltip("speedup:Q", format=".2f")],
+    ).properties(width=220, height=180, title="acceptance vs throughput").facet(column="workload:N")
+
+
+def speedup_vs_k(df):
+    import altair as alt
+
+    d = df[df["draft"] != "none"]
+    lines = alt.Chart().mark_line(point=True).encode(
+        x=alt.X("k:Q", title="draft length k"), y=alt.Y("speedup:Q", title="speedup vs k=0"), color="draft:N",
+        tooltip=["workload", "draft", "k", "batch", alt.Tooltip("speedup:Q", format=".2f")])
+    one = alt.Chart().mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(1.0))
+    return alt.layer(lines, one, data=d).properties(width=220, height=180, title="speedup vs k").facet(
+        column="workload:N")
+
+
+def speedup_vs_batch(df, crossover=None):
+    """Speedup against batch size; the crossover batch (speedup falls below 1) is marked."""
+    import altair as alt
+
+    d = df[df["k"] > 0].copy()
+    d["series"] = d["draft"] + " k=" + d["k"].astype(str)
+    lines = alt.Chart(d).mark_line(point=True).encode(
+        x=alt.X("batch:Q", title="batch size", scale=alt.Scale(type="log", base=2)),
+        y=alt.Y("speedup:Q", title="speedup vs k=0"),
+        color=alt.Color("series:N", title="draft, k"),
+        tooltip=["workload", "draft", "k", "batch", alt.Tooltip("speedup:Q", format=".2f")])
+    one = alt.Chart(d).mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(1.0))
+    layers = [lines, one]
+    if crossover is not None and len(crossover) and crossover["crossover_batch"].notna().any():
+        cx = crossover.dropna(subset=["crossover_batch"]).copy()
+        cx["series"] = cx["draft"] + " k=" + cx["k"].astype(str)
+        layers.append(alt.Chart(cx).mark_rule(color="#cf222e").encode(
+            x="crossover_batch:Q", tooltip=["workload", "draft", "k", "crossover_batch"]))
+    return alt.layer(*layers).properties(width=260, height=200, title="speedup vs batch (red: crossover)")
+
+
+def per_position_chart(df):
+    import altair as alt
+    import pandas as pd
+
+    recs = []
+    for _, r in df[df["k"] > 0].iterrows():
+        for i, a in enumerate(r["per_position_acceptance"] or []):
+            recs.append(dict(workload=r["workload"], draft=r["draft"], k=r["k"], batch=r["batch"], position=i + 1,
+                             acceptance=a))
+    d = pd.DataFrame(recs, columns=["workload", "draft", "k", "batch", "position", "acceptance"])
+    return alt.Chart(d).mark_line(point=True).encode(
+        x=alt.X("position:O", title="draft position"),
+        y=alt.Y("mean(acceptance):Q", title="P(accepted | verified)", scale=alt.Scale(domain=[0, 1])),
+        color="draft:N", strokeDash="workload:N",
+        tooltip=["workload", "draft", "position", alt.Tooltip("mean(acceptance):Q", format=".2f")],
+    ).properties(width=300, height=200, title="per-position acceptance")
+
+
+def gaps_chart(gaps_df):
+    """Inter-token gaps over time, one series per method (baseline vs speculative)."""
+    import altair as alt
+
+    return alt.Chart(gaps_df).mark_bar(size=3).encode(
+        x=alt.X("t_ms:Q", title="time since request (ms)"),
+        y=alt.Y("gap_ms:Q", title="gap before token (ms)"),
+        color=alt.Color("method:N"),
+        row=alt.Row("method:N", title=None),
+        tooltip=["method", "index", alt.Tooltip("gap_ms:Q", format=".2f"), alt.Tooltip("t_ms:Q", format=".1f")],
+    ).properties(width=520, height=110, title="inter-token gaps: speculation arrives in bursts")
+
+
+def ttft_chart(df):
+    """df: method, ttft_ms, tpot_ms."""
+    import altair as alt
+
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X("ttft_ms:Q", title="TTFT (ms)"), y=alt.Y("method:N", title=None), color="method:N",
+        tooltip=["method", alt.Tooltip("ttft_ms:Q", format=".1f"), alt.Tooltip("tpot_ms:Q", format=".2f")],
+    ).properties(width=400, height=80, title="time to first token (prefill is unchanged by speculation)")
