@@ -1,0 +1,122 @@
+"""The cost model of speculative decoding (Leviathan, Kalman & Matias, 2023, "Fast Inference from
+Transformers via Speculative Decoding", ICML; Theorem 3.8 and Corollary 3.9).
+
+With ``a`` the probability that the target accepts a draft token (assumed i.i.d. per token) and
+``k`` drafts per round, a round emits a truncated geometric number of tokens::
+
+    E[tokens per round] = (1 - a^(k+1)) / (1 - a)                      (= k + 1 when a = 1)
+
+A round costs k draft steps plus one target forward over k+1 positions. With ``c`` = draft step
+time / target step time and the verify forward costing ``v`` target steps (the paper takes v = 1:
+on a GPU, scoring k+1 positions costs about as much as one), the expected wall-time speedup over
+plain decoding is::
+
+    speedup(a, k, c) = (1 - a^(k+1)) / ((1 - a) (k c + v))
+
+Pure functions, no torch: the notebooks and tests use them; :func:`time_forward` (torch, lazy
+import) measures ``c`` and ``v`` on the machine at hand.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+__all__ = ["expected_tokens_per_round", "expected_speedup", "best_k", "speedup_curve", "time_forward",
+           "cost_ratio"]
+
+
+def _check(a: float, k: int | None = None, c: float | None = None) -> None:
+    if not (isinstance(a, (int, float)) and 0.0 <= a <= 1.0) or math.isnan(a):
+        raise ValueError(f"acceptance rate a must be in [0, 1], got {a!r}")
+    if k is not None and (int(k) != k or k < 0):
+        raise ValueError(f"k must be a non-negative integer, got {k!r}")
+    if c is not None and (c < 0 or math.isnan(c)):
+        raise ValueError(f"cost ratio c must be >= 0, got {c!r}")
+
+
+def expected_tokens_per_round(a: float, k: int) -> float:
+    """Expected tokens a round emits (accepted drafts + the target's recovered/bonus token):
+    1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a). Comparable to ``mean_accepted_length``."""
+    _check(a, k)
+    if a == 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def expected_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
+    """Expected wall-time speedup of speculative decoding over plain target decoding:
+    (1 - a^(k+1)) / ((1 - a)(k c + v)); k = 0 gives 1 / v (1 with the paper's v = 1)."""
+    _check(a, k, c)
+    if v <= 0:
+        raise ValueError(f"verify cost v must be > 0, got {v!r}")
+    return expected_tokens_per_round(a, k) / (k * c + v)
+
+
+def best_k(a: float, c: float, k_max: int = 16, v: float | None = None) -> int:
+    """The k in 0..k_max that maximises :func:`expected_speedup` (0: do not speculate).
+
+    ``v`` may be a number or a callable ``v(k)`` (measured verify cost of k+1 positions); default 1.
+    Ties go to the smaller k (fewer wasted draft steps).
+    """
+    _check(a, None, c)
+    best, best_s = 0, -1.0
+    for k in range(0, int(k_max) + 1):
+        vk = 1.0 if v is None else (v(k) if callable(v) else float(v))
+        s = expected_speedup(a, k, c, vk) if k > 0 else 1.0
+        if s > best_s + 1e-12:
+            best, best_s = k, s
+    return best
+
+
+def speedup_curve(a: float, c: float, ks, v=None) -> list[dict]:
+    """Rows {k, expected_tokens_per_round, expected_speedup} for plotting against measurements."""
+    out = []
+    for k in ks:
+        vk = 1.0 if v is None else (v(k) if callable(v) else float(v))
+        out.append(dict(k=int(k), expected_tokens_per_round=expected_tokens_per_round(a, k),
+                        expected_speedup=expected_speedup(a, k, c, vk) if k > 0 else 1.0))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# measuring c (and v) on this machine
+
+
+def time_forward(lm, batch: int = 1, context: int = 64, tokens: int = 1, steps: int = 20, warmup: int = 3,
+                 repeats: int = 3) -> float:
+    """Median seconds of one cached forward of ``tokens`` new positions per row after ``context``
+    prompt positions (tokens=1: a decode step; tokens=k+1: a verify). Uses the model's own
+    KV cache (``lm.new_cache(...).forward``), i.e. the engine's code path."""
+    import statistics
+
+    import torch
+
+    dev = lm.device
+    total = context + tokens * (steps + warmup) + 1
+    results = []
+    for _ in range(repeats):
+        cache = lm.new_cache(batch, total)
+        ids = torch.randint(0, lm.vocab_size, (batch, total), device=dev)
+        pos = torch.arange(context, device=dev)[None].expand(batch, context)
+        cache.forward(ids[:, :context], pos, None, kv_len=context)
+        L = context
+        times = []
+        for s in range(steps + warmup):
+            p = (L + torch.arange(tokens, device=dev))[None].expand(batch, tokens)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            t = time.perf_counter()
+            cache.forward(ids[:, L:L + tokens], p, None, kv_len=L + tokens)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            if s >= warmup:
+                times.append(time.perf_counter() - t)
+            L += tokens
+        results.append(statistics.median(times))
+    return statistics.median(results)
+
+
+def cost_ratio(draft_lm, target_lm, batch: int = 1, context: int = 64, steps: int = 20) -> float:
+    """c = draft decode-step time / target decode-step time, measured here."""
+    return time_forward(draft_lm, batch, context, 1, steps) / time_forward(target_lm, batch, context, 1, steps)
