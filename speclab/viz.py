@@ -159,3 +159,68 @@ def ttft_chart(df):
         x=alt.X("ttft_ms:Q", title="TTFT (ms)"), y=alt.Y("method:N", title=None), color="method:N",
         tooltip=["method", alt.Tooltip("ttft_ms:Q", format=".1f"), alt.Tooltip("tpot_ms:Q", format=".2f")],
     ).properties(width=400, height=80, title="time to first token (prefill is unchanged by speculation)")
+
+
+# =============================================================================================
+# Notebooks (issue 5): offline chart rendering and the charts of notebooks 03 and 04.
+# Appended as one block; nothing above is changed.
+
+
+def enable_offline_altair(renderer: str = "svg") -> str:
+    """Make Altair charts render with no internet.
+
+    Altair's default Jupyter renderer emits HTML that loads vega / vega-lite / vega-embed from a
+    CDN, so on an offline machine JupyterLab shows an empty box. ``"svg"`` (default) and ``"png"``
+    render the chart to a static image in the kernel with vl-convert-python (Vega bundled in a Rust
+    library, no network, no browser), so the output is an ``image/svg+xml`` / ``image/png`` that
+    JupyterLab, nbviewer, GitHub and nbconvert all show. Tooltips and zoom are lost. ``"jupyter"``
+    (interactive, offline bundle) needs the ``anywidget`` package, not a speclab dependency.
+    Returns the renderer name enabled.
+    """
+    import altair as alt
+
+    if renderer == "jupyter":
+        alt.renderers.enable("jupyter", offline=True)
+        return renderer
+    if renderer not in ("svg", "png"):
+        raise ValueError(f"offline renderer must be 'svg', 'png' or 'jupyter', got {renderer!r}")
+    try:
+        import vl_convert  # noqa: F401
+    except ImportError as e:  # pragma: no cover - a declared dependency of the notebooks extra
+        raise ImportError("offline Altair charts need vl-convert-python: pip install 'speclab[notebooks]'") from e
+    alt.renderers.enable(renderer)
+    return renderer
+
+
+def policy_throughput_chart(df):
+    """df: batch, policy (e.g. 'always on', 'off under load', 'never'), tokens_per_s."""
+    import altair as alt
+
+    return alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X("batch:Q", title="batch size", scale=alt.Scale(type="log", base=2)),
+        y=alt.Y("tokens_per_s:Q", title="tokens/s (all rows)"),
+        color=alt.Color("policy:N", title="policy"),
+        strokeDash=alt.StrokeDash("policy:N", legend=None),
+        tooltip=["policy", "batch", "k", alt.Tooltip("tokens_per_s:Q", format=".1f")],
+    ).properties(width=360, height=220, title="throughput under load: always speculate vs turn it off")
+
+
+def cost_model_chart(df):
+    """df: k, speedup, kind ('measured' | 'predicted (...)'), optionally draft/workload columns.
+    Predicted curves as lines, measurements as points; dashed rule at speedup 1."""
+    import altair as alt
+
+    base = alt.Chart(df).encode(
+        x=alt.X("k:Q", title="draft length k"),
+        y=alt.Y("speedup:Q", title="speedup vs k=0"),
+        color=alt.Color("kind:N", title=None),
+        tooltip=[c for c in ("draft", "workload", "kind", "k") if c in df.columns]
+        + [alt.Tooltip("speedup:Q", format=".2f")],
+    )
+    pred = base.transform_filter(alt.datum.kind != "measured").mark_line(point=False)
+    meas = base.transform_filter(alt.datum.kind == "measured").mark_point(size=80, filled=True)
+    one = alt.Chart(df).mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(1.0))
+    chart = alt.layer(pred, meas, one).properties(width=240, height=190)
+    if "draft" in df.columns and df["draft"].nunique() > 1:
+        chart = chart.facet(column="draft:N")
+    return chart.properties(title="cost model vs measurement")
