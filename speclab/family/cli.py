@@ -1,0 +1,69 @@
+"""``speclab models``, ``speclab train`` and ``speclab bench``: registered by :func:`add_commands`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def cmd_models(args) -> int:
+    from . import list_models
+
+    models = list_models()
+    keys = ("name", "role", "parameters", "tokenizer", "path")
+    if args.json:
+        print(json.dumps([{k: m[k] for k in keys} for m in models], indent=2))
+        return 0
+    if not models:
+        print("no family models shipped yet (run `speclab train`)")
+        return 0
+    w = {k: max(len(k), *(len(f"{m[k]:,}" if k == "parameters" else str(m[k])) for m in models)) for k in keys}
+    print("  ".join(k.ljust(w[k]) for k in keys))
+    for m in models:
+        cells = [str(m["name"]).ljust(w["name"]), str(m["role"]).ljust(w["role"]),
+                 f"{m['parameters']:,}".rjust(w["parameters"]), str(m["tokenizer"]).ljust(w["tokenizer"]),
+                 str(m["path"])]
+        print("  ".join(cells))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .train import run_from_args
+
+    return run_from_args(args)
+
+
+def cmd_bench(args) -> int:
+    from .report import run_from_args
+
+    return run_from_args(args)
+
+
+def add_commands(subparsers) -> None:
+    """Register ``models``, ``train`` and ``bench`` on an argparse subparsers object."""
+    from .train import add_train_arguments
+
+    m = subparsers.add_parser("models", help="list the embedded model family")
+    m.add_argument("--json", action="store_true", help="print a JSON list")
+    m.set_defaults(func=cmd_models)
+
+    t = subparsers.add_parser("train", help="rebuild corpus, tokenizer and every family model from a seed",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_train_arguments(t)
+    t.set_defaults(func=cmd_train)
+
+    b = subparsers.add_parser("bench", help="acceptance per workload and drafter (greedy and T=0.8)")
+    b.add_argument("--workload", default="all", help="'all', a workload name, comma list or a .jsonl path")
+    b.add_argument("--k", "-k", type=int, default=4)
+    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--prompts-per-workload", type=int, default=8)
+    b.add_argument("--drafter", action="append", default=None,
+                   help="drafter to measure (repeatable; default: every family draft and ngram)")
+    b.add_argument("--temperature", type=float, action="append", default=None,
+                   help="temperature (repeatable; default 0 and 0.8)")
+    b.add_argument("--target", default=None, help="target model (default: the family target)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
+    b.add_argument("--quiet", action="store_true")
+    b.set_defaults(func=cmd_bench)

@@ -1,0 +1,173 @@
+"""Acceptance report: per workload and per drafter, acceptance rate and mean accepted length at k,
+greedy and at temperature 0.8, measured with the speculative decoding engine.
+
+    speclab bench --workload all --k 4 --json runs/acceptance.json
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from . import DEFAULT_TARGET, list_models
+
+TEMPERATURES = (0.0, 0.8)
+
+
+def default_drafters() -> list[str]:
+    """Every shipped draft model (undistilled and distilled) plus prompt lookup (``ngram``)."""
+    names = [m["name"] for m in list_models() if m["role"] in ("draft", "distilled-draft")]
+    return names + ["ngram"]
+
+
+def acceptance_report(workloads: str | list[str] = "all", *, target: str = DEFAULT_TARGET,
+                      drafters: list[str] | None = None, k: int = 4, max_new_tokens: int = 64,
+                      prompts_per_workload: int | None = 8, temperatures=TEMPERATURES, seed: int = 0,
+                      batch_size: int = 8, progress=None) -> dict:
+    """Run the engine over every (workload, drafter, temperature) and collect its metrics."""
+    import torch
+
+    from speclab.drafters import make_drafter
+    from speclab.engine import SpeculativeDecoder
+    from speclab.models import load_model
+    from speclab.workloads import list_workloads, load_workload
+
+    if workloads == "all" or workloads is None:
+        names = list_workloads()
+    elif isinstance(workloads, str):
+        names = [w.strip() for w in workloads.split(",") if w.strip()]
+    else:
+        names = list(workloads)
+    drafters = drafters or default_drafters()
+    target_lm = load_model(target)
+    made = {d: make_drafter(d, target_lm) for d in drafters}
+    rows = []
+    t0 = time.time()
+    for w in names:
+        prompts = [p.prompt for p in load_workload(w)]
+        if prompts_per_workload:
+            prompts = prompts[:prompts_per_workload]
+        for d in drafters:
+            dec = SpeculativeDecoder(target_lm, made[d])
+            for temp in temperatures:
+                acc_n = acc_d = rr = 0.0
+                drafted = accepted = 0
+                tps = []
+                for i in range(0, len(prompts), batch_size):
+                    with torch.inference_mode():
+                        res = dec.generate(prompts[i : i + batch_size], k=k, max_new_tokens=max_new_tokens,
+                                           temperature=temp, top_p=1.0, top_k=0, seed=seed + i)
+                    m = res.metrics
+                    c = m.get("counters") or {}
+                    if "drafted" in m or "drafted" in c:
+                        drafted += int(m.get("drafted", c.get("drafted", 0)))
+                        accepted += int(m.get("accepted", c.get("accepted", 0)))
+                    n_rr = m.get("row_rounds") or 0
+                    if m.get("acceptance_rate") is not None:
+                        acc_n += m["acceptance_rate"] * n_rr
+                        acc_d += n_rr
+                    if m.get("mean_accepted_length") is not None:
+                        rr += (m["mean_accepted_length"] - 1) * n_rr
+                    tps.append((n_rr, m))
+                row_rounds = sum(n for n, _ in tps)
+                if drafted:
+                    acc = accepted / drafted
+                else:
+                    acc = acc_n / acc_d if acc_d else None
+                mal = rr / row_rounds + 1 if row_rounds else None
+                row = {"workload": w, "drafter": d, "temperature": temp, "k": k, "prompts": len(prompts),
+                       "acceptance_rate": None if acc is None else round(acc, 4),
+                       "mean_accepted_length": None if mal is None else round(mal, 4),
+                       "row_rounds": row_rounds,
+                       "tokens_per_s": round(sum(m.get("tokens_per_s") or 0 for _, m in tps) / len(tps), 1)}
+                rows.append(row)
+                if progress:
+                    progress(row)
+    return {"target": target, "k": k, "max_new_tokens": max_new_tokens, "seed": seed,
+            "workloads": names, "drafters": drafters, "rows": rows, "wall_seconds": round(time.time() - t0, 1)}
+
+
+def format_report(report: dict) -> str:
+    """One table: rows = workload x drafter; columns = acceptance and mean accepted length per temperature."""
+    temps = sorted({r["temperature"] for r in report["rows"]})
+    by = {(r["workload"], r["drafter"], r["temperature"]): r for r in report["rows"]}
+    head = f"{'workload':<12} {'drafter':<14}" + "".join(
+        f" {'acc@T=' + format(t, 'g'):>9} {'len@T=' + format(t, 'g'):>9}" for t in temps)
+    lines = [f"acceptance at k={report['k']} (target {report['target']}, {report['max_new_tokens']} new tokens; "
+             f"len = tokens per round incl. the bonus/recovered token)", head, "-" * len(head)]
+
+    def f(x):
+        return f"{x:9.3f}" if isinstance(x, (int, float)) else f"{'-':>9}"
+
+    for w in report["workloads"]:
+        for d in report["drafters"]:
+            cells = ""
+            for t in temps:
+                r = by.get((w, d, t), {})
+                cells += f" {f(r.get('acceptance_rate'))} {f(r.get('mean_accepted_length'))}"
+            lines.append(f"{w:<12} {d:<14}{cells}")
+    return "\n".join(lines)
+
+
+def check_targets(report: dict, best_draft: str, distilled: str = "draft-distill",
+                  undistilled_same_size: str = "draft-s") -> dict[str, bool]:
+    """The design goals of the family, checked on a report (greedy and T=0.8 separately)."""
+    by = {(r["workload"], r["drafter"], r["temperature"]): r for r in report["rows"]}
+    out = {}
+    for t in sorted({r["temperature"] for r in report["rows"]}):
+        def acc(w, d):
+            r = by.get((w, d, t))
+            return r["acceptance_rate"] if r and r["acceptance_rate"] is not None else float("nan")
+
+        ws = report["workloads"]
+        if "creative" in ws:
+            for w in ("code", "json"):
+                if w in ws:
+                    out[f"T={t:g} {best_draft} {w} >= creative + 0.15"] = acc(w, best_draft) >= acc("creative", best_draft) + 0.15
+        if distilled in report["drafters"] and undistilled_same_size in report["drafters"]:
+            out[f"T={t:g} {distilled} > {undistilled_same_size} on every workload"] = all(
+                acc(w, distilled) > acc(w, undistilled_same_size) for w in ws)
+        if "json" in ws:
+            r = by.get(("json", best_draft, t))
+            out[f"T={t:g} {best_draft} mean accepted length on json >= 2.5"] = bool(
+                r and r["mean_accepted_length"] and r["mean_accepted_length"] >= 2.5)
+        if "copy" in ws and "ngram" in report["drafters"]:
+            models = [d for d in report["drafters"] if d != "ngram"]
+            out[f"T={t:g} ngram beats every model draft on copy"] = all(
+                acc("copy", "ngram") > acc("copy", d) for d in models)
+    return out
+
+
+def run_from_args(args) -> int:
+    from speclab.errors import SpeclabError
+
+    from . import DEFAULT_DRAFT
+
+    if not list_models():
+        raise SpeclabError("no family models are shipped yet; run `speclab train` first")
+    drafters = args.drafter or None
+    temps = tuple(args.temperature) if args.temperature else TEMPERATURES
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+    def progress(row):
+        if not args.quiet:
+            print(f"  {row['workload']:<12} {row['drafter']:<14} T={row['temperature']:<4g} "
+                  f"acc={row['acceptance_rate']} len={row['mean_accepted_length']}", flush=True)
+
+    rep = acceptance_report(args.workload, target=args.target or DEFAULT_TARGET, drafters=drafters, k=args.k,
+                            max_new_tokens=args.max_new_tokens, prompts_per_workload=args.prompts_per_workload,
+                            temperatures=temps, seed=args.seed, progress=progress)
+    rep["checks"] = check_targets(rep, DEFAULT_DRAFT)
+    print(format_report(rep))
+    for name, ok in rep["checks"].items():
+        print(f"  [{'ok' if ok else 'MISS'}] {name}")
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rep, indent=2) + "\n")
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,152 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from speclab import family
+from speclab.family import DEFAULT_DRAFT, DEFAULT_TARGET, FAMILY_DIR, list_models, resolve
+
+ROLES = {"target", "draft", "distilled-draft", "mismatched"}
+MAX_BYTES = 80 * 1024 * 1024
+
+
+def models_or_skip():
+    ms = list_models()
+    if not ms:
+        pytest.skip("family not trained yet")
+    return ms
+
+
+def test_registry_importable_without_weights(tmp_path):
+    assert isinstance(FAMILY_DIR, Path)
+    assert DEFAULT_TARGET == "target"
+    assert isinstance(DEFAULT_DRAFT, str)
+    assert family.list_models(tmp_path) == []
+    assert resolve("no-such-model") is None
+    assert resolve("") is None
+
+
+def test_list_models_fields():
+    ms = models_or_skip()
+    names = {m["name"] for m in ms}
+    assert {"target", "draft-xs", "draft-s", "draft-distill", "mismatch"} <= names
+    assert DEFAULT_TARGET in names and DEFAULT_DRAFT in names
+    for m in ms:
+        assert {"name", "role", "parameters", "tokenizer", "path"} <= set(m)
+        assert m["role"] in ROLES
+        assert isinstance(m["parameters"], int) and m["parameters"] > 0
+        assert Path(m["path"]).is_absolute() and Path(m["path"]).is_dir()
+        assert resolve(m["name"]) == Path(m["path"])
+    roles = {m["name"]: m["role"] for m in ms}
+    assert roles["target"] == "target" and roles["draft-distill"] == "distilled-draft"
+    assert roles["mismatch"] == "mismatched"
+    by = {m["name"]: m for m in ms}
+    # one tokenizer for target and drafts, another for the mismatched model
+    assert len({by[n]["tokenizer"] for n in ("target", "draft-xs", "draft-s", "draft-distill")}) == 1
+    assert by["mismatch"]["tokenizer"] != by["target"]["tokenizer"]
+    # the target is clearly better than every draft
+    drafts = [m for m in ms if m["role"] in ("draft", "distilled-draft")]
+    smallest = min(drafts, key=lambda m: m["parameters"])
+    assert by["target"]["heldout_loss"] <= smallest["heldout_loss"] - 0.4
+    assert by["target"]["parameters"] > max(m["parameters"] for m in drafts)
+
+
+def test_weights_budget():
+    models_or_skip()
+    total = sum(p.stat().st_size for p in (FAMILY_DIR / "models").rglob("*.safetensors"))
+    assert total <= MAX_BYTES
+
+
+def test_manifest_is_json():
+    models_or_skip()
+    data = json.loads((FAMILY_DIR / "family.json").read_text())
+    for m in data["models"]:
+        assert {"name", "role", "parameters", "tokenizer", "path", "heldout_loss", "tokens_seen"} <= set(m)
+        assert not Path(m["path"]).is_absolute()
+
+
+@pytest.mark.parametrize("name", ["target", "draft-xs", "draft-s", "draft-distill", "mismatch"])
+def test_model_loads_with_transformers(name):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    models_or_skip()
+    d = resolve(name)
+    assert d is not None
+    model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(d))
+    cfg = model.config
+    assert cfg.model_type == "llama" and cfg.tie_word_embeddings and cfg.max_position_embeddings == 1024
+    assert not cfg.attention_bias and not cfg.mlp_bias
+    assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == cfg.eos_token_id
+    assert len(tok) == cfg.vocab_size
+    ids = tok("def main():\n", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.dtype == torch.float32 and logits.shape == (1, ids.shape[1], cfg.vocab_size)
+    assert torch.isfinite(logits).all()
+
+
+def test_mismatched_tokenizer_differs():
+    from transformers import AutoTokenizer
+
+    models_or_skip()
+    a = AutoTokenizer.from_pretrained(str(resolve("target"))).get_vocab()
+    b = AutoTokenizer.from_pretrained(str(resolve("mismatch"))).get_vocab()
+    assert a != b
+    for n in ("draft-xs", "draft-s", "draft-distill"):
+        assert AutoTokenizer.from_pretrained(str(resolve(n))).get_vocab() == a
+
+
+def test_models_command(capsys):
+    from speclab.family.cli import cmd_models
+
+    class A:
+        json = True
+
+    cmd_models(A())
+    out = json.loads(capsys.readouterr().out)
+    assert isinstance(out, list)
+    for m in out:
+        assert set(m) == {"name", "role", "parameters", "tokenizer", "path"}
+
+
+def test_quality_helpers():
+    from speclab.family.train import distinct_2, looks_like_python
+
+    assert distinct_2([1, 2, 1, 2, 1, 2]) == pytest.approx(2 / 5)
+    assert distinct_2([1, 2, 3, 4]) == 1.0
+    assert looks_like_python("def f(x):\n    return x + 1\n")
+    assert looks_like_python("def f(x):\n    if x:\n        y = 1\n    for i in range(3):\n")
+    assert not looks_like_python("The quick brown fox jumps over\nthe lazy dog again and again\n")
+
+
+@pytest.mark.slow
+def test_training_end_to_end(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from speclab.family.train import ModelSpec, TrainConfig, quality_report, train_family
+
+    specs = [
+        ModelSpec("target", "target", 32, 1, 2, 64, tokens=2048, lr=3e-3, batch=4, seq=32, warmup=2),
+        ModelSpec("draft-distill", "distilled-draft", 16, 1, 2, 32, tokens=1024, lr=3e-3, batch=4, seq=32,
+                  warmup=2, teacher="target"),
+        ModelSpec("mismatch", "mismatched", 16, 1, 2, 32, tokens=512, lr=3e-3, batch=4, seq=32, warmup=2,
+                  tokenizer="alt"),
+    ]
+    cfg = TrainConfig(out_dir=tmp_path / "fam", runs_dir=tmp_path / "runs", specs=specs, vocab_size=300,
+                      alt_vocab_size=280, eval_tokens=512, quality=False, acceptance=False, progress=False,
+                      threads=1, corpus_kwargs=dict(code_chars=20_000, prose_chars=5_000, record_chars=10_000,
+                                                    heldout_fraction=0.2))
+    rep = train_family(cfg, log=lambda s: None)
+    assert [m["name"] for m in rep["models"]] == ["target", "draft-distill", "mismatch"]
+    ms = list_models(cfg.out_dir)
+    assert len(ms) == 3
+    assert ms[0]["tokenizer"] != ms[2]["tokenizer"]
+    for m in ms:
+        AutoModelForCausalLM.from_pretrained(m["path"])
+    # a rerun finds everything done and trains nothing
+    rep2 = train_family(cfg, log=lambda s: None)
+    assert [m["tokens_seen"] for m in rep2["models"]] == [m["tokens_seen"] for m in rep["models"]]
+    q = quality_report(cfg.out_dir / "models" / "target", ["hello"], ["def f():\n"], max_new_tokens=8)
+    assert 0 <= q["distinct_2_mean"] <= 1 and q["code_parse_rate"] is not None
