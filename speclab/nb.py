@@ -1,0 +1,125 @@
+"""Helpers for the notebooks in ``notebooks/``: parameters overridable from the environment (so CI
+runs them small) and a tiny random model family for developing without trained weights.
+
+Parameters: ``setting("N_PROMPTS", 8, small=2)`` returns, in order of precedence,
+``$SPECLAB_NB_N_PROMPTS`` (parsed like the default: int, float, bool, or a comma-separated list),
+``small`` when ``$SPECLAB_NB_SMALL=1``, else the default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["setting", "is_small", "family_available", "make_tiny_family", "setup_torch"]
+
+PREFIX = "SPECLAB_NB_"
+EMBED_SCALE = 1.0
+INIT_RANGE = 0.1
+
+
+def is_small() -> bool:
+    return os.environ.get(PREFIX + "SMALL", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _parse(raw: str, like):
+    raw = raw.strip()
+    if isinstance(like, bool):
+        return raw.lower() in ("1", "true", "yes", "on")
+    if isinstance(like, int):
+        return int(raw)
+    if isinstance(like, float):
+        return float(raw)
+    if isinstance(like, (list, tuple)):
+        items = [s.strip() for s in raw.split(",") if s.strip()]
+        if like and all(isinstance(x, int) for x in like):
+            return [int(s) for s in items]
+        if like and all(isinstance(x, (int, float)) for x in like):
+            return [float(s) for s in items]
+        return items
+    return raw
+
+
+def setting(name: str, default, small=None):
+    """A notebook parameter: env ``SPECLAB_NB_<NAME>`` > ``small`` (when SPECLAB_NB_SMALL=1) > default."""
+    raw = os.environ.get(PREFIX + name.upper())
+    if raw is not None and raw.strip() != "":
+        return _parse(raw, default if default is not None else small)
+    if small is not None and is_small():
+        return small
+    return default
+
+
+def setup_torch(threads: int | None = None) -> int:
+    """Pin torch's CPU threads (``$SPECLAB_NB_THREADS``, else ``$OMP_NUM_THREADS``, else torch's
+    default). On a small shared machine one thread per process avoids oversubscription."""
+    import torch
+
+    if threads is None:
+        raw = os.environ.get(PREFIX + "THREADS") or os.environ.get("OMP_NUM_THREADS")
+        threads = int(raw) if raw else 0
+    if threads and threads > 0:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def family_available(*names: str) -> bool:
+    """True when every named model of the embedded family has weights on disk."""
+    try:
+        from .family import list_models
+    except ImportError:
+        return False
+    have = {m["name"] for m in list_models()}
+    return all(n in have for n in names)
+
+
+def make_tiny_family(out_dir: str | Path, seed: int = 0, vocab_size: int = 512, hidden: int = 64,
+                     layers: int = 2, drafts: dict[str, float] | None = None) -> dict[str, str]:
+    """Random Llama models for development and CI without trained weights: a target and drafts that
+    are the target's weights plus Gaussian noise (``{name: noise scale}``; more noise, lower
+    acceptance). One byte-level BPE tokenizer, trained on the bundled workloads, is shared by all.
+    Returns ``{name: directory}``; existing directories are reused."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from .workloads import load_all
+
+    drafts = drafts if drafts is not None else {"tiny-draft": 0.03, "tiny-draft-noisy": 0.15}
+    out = Path(out_dir)
+    names = ["tiny-target", *drafts]
+    dirs = {n: str(out / n) for n in names}
+    if all((Path(d) / "model.safetensors").is_file() for d in dirs.values()):
+        return dirs
+    eot = "<|endoftext|>"
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    texts = [p.prompt for ps in load_all().values() for p in ps]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eot],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                       show_progress=False))
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=eot, eos_token=eot, pad_token=eot,
+                                     model_max_length=1024)
+    eot_id = tok.token_to_id(eot)
+    V = tok.get_vocab_size(with_added_tokens=True)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=4, intermediate_size=hidden * 3, max_position_embeddings=1024,
+                      tie_word_embeddings=False, initializer_range=INIT_RANGE, bos_token_id=eot_id, eos_token_id=eot_id, pad_token_id=eot_id)
+    torch.manual_seed(seed)
+    target = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # sharper logits than the default init, so greedy text is not pure noise
+        target.model.embed_tokens.weight.mul_(EMBED_SCALE)
+    sd = target.state_dict()
+    gen = torch.Generator().manual_seed(seed + 1)
+    for name in names:
+        model = LlamaForCausalLM(cfg).eval()
+        if name == "tiny-target":
+            model.load_state_dict(sd)
+        else:
+            scale = drafts[name]
+            model.load_state_dict({k: v + scale * v.std() * torch.randn(v.shape, generator=gen)
+                                   if v.dtype.is_floating_point and v.numel() > 1 else v for k, v in sd.items()})
+        model.save_pretrained(dirs[name], safe_serialization=True)
+        hf_tok.save_pretrained(dirs[name])
+    return dirs
