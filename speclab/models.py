@@ -17,6 +17,7 @@ Two backends share one contract, :class:`KVCache`::
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from dataclasses import dataclass
@@ -172,6 +173,9 @@ class HFKVCache:
         self.model = model
         self.max_len = max_len
         self.cache = DynamicCache(config=model.config)
+        # transformers renamed past_key_values -> cache; pass whichever this version takes
+        params = inspect.signature(model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
         dev = model.device
         self.mask = torch.zeros(batch_size, 0, dtype=torch.long, device=dev)  # (B, slots)
         self.slot_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=dev)  # (B, slots)
@@ -183,7 +187,7 @@ class HFKVCache:
         self.mask = torch.cat([self.mask, valid.long()], 1)
         self.slot_pos = torch.cat([self.slot_pos, positions], 1)
         out = self.model(input_ids=tokens, position_ids=positions, attention_mask=self.mask,
-                         past_key_values=self.cache, use_cache=True)
+                         use_cache=True, **{self.cache_kw: self.cache})
         logits = out.logits
         if last_only is not None:
             logits = logits[torch.arange(tokens.shape[0], device=logits.device), last_only][:, None]
@@ -274,6 +278,9 @@ def load_model(spec: str, *, device: str | torch.device | None = None, dtype: to
     Safetensors only, ``trust_remote_code`` off. Any failure is a one-line :class:`SpeclabError`.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a loading bar per model is noise in a CLI, an app and a notebook
 
     if not spec or not str(spec).strip():
         raise SpeclabError(f"no {role} model given")

@@ -1,0 +1,382 @@
+"""``speclab bench --compare``: speclab against Hugging Face side by side, and against its own limit.
+
+Same target/draft pair, same prompts per workload, greedy, same max_new_tokens, batch 1; runs
+interleaved (A B C ... A B C ...) after a warm-up; medians reported. Methods:
+
+  (a) hf-plain       Hugging Face ``generate``
+  (b) hf-assisted    HF assisted generation with the same draft (constant schedule of k tokens,
+                     confidence threshold 0: a fixed-k comparison)
+  (c) hf-pld         HF prompt lookup decoding (k tokens)
+  (d) speclab-plain  speclab, k = 0
+  (e) speclab-draft  speclab with the draft model
+  (f) speclab-ngram  speclab prompt lookup
+  (e+) speclab-draft with events on (a recorder subscribed): the cost of instrumentation
+
+Every output is checked token-identical to (a). Also: the zero-overhead limit from measured step
+costs, Leviathan et al.'s formula, a batch sweep with the crossover batch, and events on vs off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+
+import torch
+
+from .engine import SpeculativeDecoder
+
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def add_compare_arguments(p) -> None:
+    p.add_argument("--compare", action="store_true", help="speclab vs Hugging Face side by side (issue 6)")
+    p.add_argument("--draft", default=None, help="draft model for --compare (default: the family's best draft)")
+    p.add_argument("--ks", default="2,3,4,6", help="k values for --compare")
+    p.add_argument("--batches", default="1,2,4,8,16", help="batch sizes for the --compare batch sweep")
+    p.add_argument("--reps", type=int, default=3, help="interleaved repetitions per prompt for --compare")
+    p.add_argument("--device", default=None)
+
+
+class PeakRSS:
+    """Peak resident memory (MB) above the level at start, sampled every millisecond. On CUDA the
+    allocator's own peak is used instead."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak = 0.0
+
+    @staticmethod
+    def rss() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * PAGE / 2**20
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            return self
+        self.base = self.rss()
+        self._stop = False
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop:
+            self.peak = max(self.peak, self.rss() - self.base)
+            time.sleep(0.001)
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self.peak = max(self.peak, (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20)
+        else:
+            self._stop = True
+            self._t.join()
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+class Methods:
+    """Each method: prompt token ids -> (generated ids, acceptance or None)."""
+
+    def __init__(self, target, draft_lm, max_new: int):
+        from .drafters import ModelDrafter, PromptLookupDrafter
+
+        self.t, self.d, self.n = target, draft_lm, max_new
+        self.eos = target.eos_token_id
+        self.plain = SpeculativeDecoder(target, None)
+        self.draft = SpeculativeDecoder(target, ModelDrafter(draft_lm, target.vocab_size))
+        self.ngram = SpeculativeDecoder(target, PromptLookupDrafter())
+
+    def _hf(self, ids, **kw):
+        x = torch.tensor([ids], device=self.t.device)
+        out = self.t.hf_model.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
+                                       max_new_tokens=self.n, eos_token_id=self.eos, pad_token_id=self.eos, **kw)
+        return out[0, len(ids):].tolist(), None
+
+    def hf_plain(self, ids, k):
+        return self._hf(ids)
+
+    def hf_assisted(self, ids, k):
+        gc = self.d.hf_model.generation_config
+        gc.num_assistant_tokens = k
+        gc.num_assistant_tokens_schedule = "constant"
+        gc.assistant_confidence_threshold = 0.0
+        return self._hf(ids, assistant_model=self.d.hf_model)
+
+    def hf_pld(self, ids, k):
+        return self._hf(ids, prompt_lookup_num_tokens=k)
+
+    def _sl(self, dec, ids, k, record):
+        r = dec.generate([ids], k=k, max_new_tokens=self.n, record=record)
+        return r.output_tokens[0], (r.metrics.get("acceptance_rate"), r.metrics.get("mean_accepted_length")) \
+            if record else None
+
+    def sl_plain(self, ids, k):
+        return self._sl(self.plain, ids, 0, False)
+
+    def sl_draft(self, ids, k):
+        return self._sl(self.draft, ids, k, False)
+
+    def sl_draft_events(self, ids, k):
+        return self._sl(self.draft, ids, k, True)
+
+    def sl_ngram(self, ids, k):
+        return self._sl(self.ngram, ids, k, False)
+
+    def sl_ngram_events(self, ids, k):
+        return self._sl(self.ngram, ids, k, True)
+
+
+def step_costs(target, draft, ks, ctx_len=128, reps=30) -> dict:
+    """Median seconds of one target decode step, one draft decode step, and one target verification
+    of k+1 tokens, all against a cache of ctx_len tokens (the engine's own forward)."""
+    dev = target.device
+
+    def timeit(lm, T):
+        cache = lm.new_cache(1, ctx_len + 64)
+        ids = torch.randint(0, min(lm.vocab_size, target.vocab_size), (1, ctx_len), device=dev)
+        cache.forward(ids, torch.arange(ctx_len, device=dev)[None], None, kv_len=ctx_len)
+        tok = torch.randint(0, min(lm.vocab_size, target.vocab_size), (1, T), device=dev)
+        pos = (ctx_len + torch.arange(T, device=dev))[None]
+        times = []
+        for i in range(reps + 3):
+            _sync(dev)
+            t0 = time.perf_counter()
+            cache.forward(tok, pos, None, kv_len=ctx_len + T)
+            _sync(dev)
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    out = {"target_step_s": timeit(target, 1), "draft_step_s": timeit(draft, 1)}
+    out["verify_s"] = {k: timeit(target, k + 1) for k in ks}
+    return out
+
+
+def leviathan(a: float, k: int, c: float) -> float:
+    """Expected speedup of Leviathan et al. (2023): (1 - a^(k+1)) / ((1 - a)(k c + 1))."""
+    if a >= 1.0:
+        return (k + 1) / (k * c + 1)
+    return (1 - a ** (k + 1)) / ((1 - a) * (k * c + 1))
+
+
+def run_compare(args) -> int:
+    from .cli import default_draft, setup_threads
+    from .models import load_model
+    from .workloads import load_workload
+
+    torch.manual_seed(0)
+    target = load_model(args.target, device=args.device, role="target")
+    setup_threads(args.threads or 1, target)
+    draft_name = args.draft or default_draft()
+    draft = load_model(draft_name, device=target.device, dtype=target.dtype, role="draft")
+    from .models import check_same_tokenizer
+
+    check_same_tokenizer(target, draft)
+    dev = target.device
+    ks = [int(x) for x in str(args.ks).split(",") if x]
+    batches = [int(x) for x in str(args.batches).split(",") if x]
+    wl_names = _workload_names(args.workload)
+    n_prompts = args.prompts_per_workload
+    M = Methods(target, draft, args.max_new_tokens)
+    plan = [("hf-plain", M.hf_plain, 0), ("speclab-plain", M.sl_plain, 0)]
+    for k in ks:
+        plan += [(f"hf-assisted", M.hf_assisted, k), (f"hf-pld", M.hf_pld, k), (f"speclab-draft", M.sl_draft, k),
+                 (f"speclab-ngram", M.sl_ngram, k), (f"speclab-draft+events", M.sl_draft_events, k),
+                 (f"speclab-ngram+events", M.sl_ngram_events, k)]
+    log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    rows = []
+    results = {}  # (method, workload, k) -> dict(tps=[...], identical=bool, acc=[...], mem)
+    for w in wl_names:
+        prompts = [target.encode(p.prompt) for p in load_workload(w)[:n_prompts]]
+        # warm-up: every method once
+        for name, fn, k in plan:
+            fn(prompts[0], k)
+        ref = {i: M.hf_plain(ids, 0)[0] for i, ids in enumerate(prompts)}
+        for name, fn, k in plan:
+            results[(name, w, k)] = dict(tps=[], identical=True, acc=[], tpr=[], mem=0.0)
+        for rep in range(args.reps):
+            for i, ids in enumerate(prompts):
+                for name, fn, k in plan:  # interleaved: A B C ... for every prompt and repetition
+                    r = results[(name, w, k)]
+                    with PeakRSS(dev) as mem:
+                        _sync(dev)
+                        t0 = time.perf_counter()
+                        out, acc = fn(ids, k)
+                        _sync(dev)
+                        dt = time.perf_counter() - t0
+                    r["mem"] = max(r["mem"], mem.peak)
+                    r["tps"].append(len(out) / dt)
+                    r["identical"] &= out == ref[i]
+                    if acc is not None:
+                        if acc[0] is not None:
+                            r["acc"].append(acc[0])
+                        r["tpr"].append(acc[1])
+        log(f"[compare] {w}: done")
+    # acceptance of the events-off runs is that of the same runs with events on (greedy: same tokens)
+    for (name, w, k), r in results.items():
+        twin = results.get((name + "+events", w, k))
+        if twin is not None:
+            r["acc"], r["tpr"] = twin["acc"], twin["tpr"]
+        base = statistics.median(results[("hf-plain", w, 0)]["tps"])
+        med = statistics.median(r["tps"])
+        rows.append(dict(method=name, workload=w, k=k, batch=1, tokens_per_s=med, ratio_vs_hf_plain=med / base,
+                         acceptance_rate=statistics.mean(r["acc"]) if r["acc"] else None,
+                         tokens_per_round=statistics.mean(r["tpr"]) if r["tpr"] else None,
+                         identical=r["identical"], peak_mem_mb=r["mem"]))
+
+    # ---- the limit: zero-overhead prediction from measured step costs and measured acceptance
+    costs = step_costs(target, draft, ks)
+    eff = []
+    for w in wl_names:
+        plain = _row(rows, "speclab-plain", w, 0)
+        for k in ks:
+            sd = _row(rows, "speclab-draft", w, k)
+            if sd["tokens_per_round"] is None:
+                continue
+            tpr = sd["tokens_per_round"]
+            predicted = tpr * costs["target_step_s"] / (k * costs["draft_step_s"] + costs["verify_s"][k])
+            measured = sd["tokens_per_s"] / plain["tokens_per_s"]
+            a = sd["acceptance_rate"] or 0.0
+            eff.append(dict(workload=w, k=k, acceptance_rate=a, tokens_per_round=tpr, measured_speedup=measured,
+                             predicted_speedup=predicted, efficiency=measured / predicted,
+                             leviathan_speedup=leviathan(a, k, costs["draft_step_s"] / costs["target_step_s"])))
+
+    # ---- batch sweep: plain vs speculative (best k of the draft on the mixed workload)
+    best_k = _best_k(rows, "speclab-draft", ks)
+    mix = [p.prompt for w in wl_names for p in load_workload(w)[:n_prompts]]
+    batch_rows = []
+    for B in batches:
+        group = [mix[i % len(mix)] for i in range(B)]
+        tp = {"plain": [], "spec": []}
+        for rep in range(max(2, args.reps)):
+            for name, dec, k in (("plain", M.plain, 0), ("spec", M.draft, best_k)):
+                _sync(dev)
+                t0 = time.perf_counter()
+                r = dec.generate(group, k=k, max_new_tokens=args.max_new_tokens, record=False)
+                _sync(dev)
+                tp[name].append(sum(len(o) for o in r.output_tokens) / (time.perf_counter() - t0))
+        p, s = statistics.median(tp["plain"]), statistics.median(tp["spec"])
+        batch_rows.append(dict(batch=B, k=best_k, plain_tokens_per_s=p, spec_tokens_per_s=s, speedup=s / p))
+        log(f"[compare] batch {B}: speedup {s / p:.2f}")
+    crossover = next((b["batch"] for b in batch_rows if b["speedup"] < 1.0), None)
+
+    report = dict(
+        command="speclab bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "speclab bench --compare",
+        target=target.name, draft=draft.name, device=str(dev), threads=torch.get_num_threads(),
+        max_new_tokens=args.max_new_tokens, prompts_per_workload=n_prompts, reps=args.reps,
+        rows=rows, efficiency=dict(step_costs=costs, per_workload=eff,
+                                   median=statistics.median([e["efficiency"] for e in eff]) if eff else None),
+        batch=batch_rows, crossover_batch=crossover,
+    )
+    report["targets"] = _targets(report, ks, wl_names)
+    print(format_report(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def _workload_names(spec) -> list[str]:
+    from .workloads import list_workloads
+
+    if spec in (None, "all"):
+        return list(list_workloads())
+    return [s for s in str(spec).split(",") if s]
+
+
+def _row(rows, method, w, k):
+    return next(r for r in rows if r["method"] == method and r["workload"] == w and r["k"] == k)
+
+
+def _best_k(rows, method, ks):
+    """The k with the best median (over workloads) tokens/s."""
+    by_k = {k: statistics.median([r["tokens_per_s"] for r in rows if r["method"] == method and r["k"] == k])
+            for k in ks}
+    return max(by_k, key=by_k.get)
+
+
+def _targets(rep, ks, wls) -> dict:
+    rows = rep["rows"]
+
+    def med_ratio(num, den, wl=None):
+        vals = []
+        for w in (wl or wls):
+            a = [r for r in rows if r["method"] == num[0] and r["workload"] == w and r["k"] == num[1]][0]
+            b = [r for r in rows if r["method"] == den[0] and r["workload"] == w and r["k"] == den[1]][0]
+            vals.append(a["tokens_per_s"] / b["tokens_per_s"])
+        return statistics.median(vals)
+
+    kd, kh = _best_k(rows, "speclab-draft", ks), _best_k(rows, "hf-assisted", ks)
+    t = {
+        "plain_vs_hf_plain": dict(value=med_ratio(("speclab-plain", 0), ("hf-plain", 0)), goal=1.1),
+        "draft_vs_hf_assisted": dict(value=med_ratio(("speclab-draft", kd), ("hf-assisted", kh)), goal=1.5,
+                                     speclab_k=kd, hf_k=kh),
+        "events_on_slowdown": dict(value=1 - 1 / med_ratio(("speclab-draft", kd), ("speclab-draft+events", kd)),
+                                   goal=0.05, lower_is_better=True),
+    }
+    for w in ("json", "code"):
+        if w in wls:
+            t[f"spec_vs_plain_{w}"] = dict(value=med_ratio(("speclab-draft", kd), ("speclab-plain", 0), [w]),
+                                          goal=1.5, k=kd)
+    eff = [e["efficiency"] for e in rep["efficiency"]["per_workload"] if e["k"] == kd]
+    if eff:
+        t["efficiency"] = dict(value=statistics.median(eff), goal=0.85, k=kd)
+    t["all_identical"] = dict(value=all(r["identical"] for r in rows), goal=True)
+    for v in t.values():
+        if isinstance(v["goal"], bool):
+            v["met"] = v["value"] == v["goal"]
+        elif v.get("lower_is_better"):
+            v["met"] = v["value"] <= v["goal"]
+        else:
+            v["met"] = v["value"] >= v["goal"]
+    return t
+
+
+def format_report(rep) -> str:
+    L = []
+    L.append(f"target {rep['target']}  draft {rep['draft']}  device {rep['device']}  threads {rep['threads']}  "
+             f"max_new_tokens {rep['max_new_tokens']}  prompts/workload {rep['prompts_per_workload']}  "
+             f"reps {rep['reps']}  (medians, batch 1, greedy)")
+    L.append("")
+    L.append(f"{'method':<22}{'workload':<12}{'k':>3}{'tok/s':>9}{'vs hf':>7}{'accept':>8}{'tok/rnd':>8}"
+             f"{'ident':>7}{'peak MB':>9}")
+    for r in rep["rows"]:
+        acc = "" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
+        tpr = "" if r["tokens_per_round"] is None else f"{r['tokens_per_round']:.2f}"
+        L.append(f"{r['method']:<22}{r['workload']:<12}{r['k']:>3}{r['tokens_per_s']:>9.1f}"
+                 f"{r['ratio_vs_hf_plain']:>7.2f}{acc:>8}{tpr:>8}{('yes' if r['identical'] else 'NO'):>7}"
+                 f"{r['peak_mem_mb']:>9.1f}")
+    c = rep["efficiency"]["step_costs"]
+    L.append("")
+    L.append(f"step costs: target {c['target_step_s'] * 1e3:.3f} ms, draft {c['draft_step_s'] * 1e3:.3f} ms "
+             f"(c = {c['draft_step_s'] / c['target_step_s']:.3f}), verify(k+1): " +
+             ", ".join(f"k={k} {v * 1e3:.3f} ms" for k, v in c["verify_s"].items()))
+    L.append(f"{'workload':<12}{'k':>3}{'accept':>8}{'tok/rnd':>8}{'measured':>10}{'limit':>8}{'effic.':>8}"
+             f"{'Leviathan':>10}")
+    for e in rep["efficiency"]["per_workload"]:
+        L.append(f"{e['workload']:<12}{e['k']:>3}{e['acceptance_rate']:>8.2f}{e['tokens_per_round']:>8.2f}"
+                 f"{e['measured_speedup']:>10.2f}{e['predicted_speedup']:>8.2f}{e['efficiency']:>8.2f}"
+                 f"{e['leviathan_speedup']:>10.2f}")
+    L.append("")
+    L.append(f"{'batch':>6}{'k':>3}{'plain tok/s':>13}{'spec tok/s':>12}{'speedup':>9}")
+    for b in rep["batch"]:
+        L.append(f"{b['batch']:>6}{b['k']:>3}{b['plain_tokens_per_s']:>13.1f}{b['spec_tokens_per_s']:>12.1f}"
+                 f"{b['speedup']:>9.2f}")
+    L.append(f"crossover batch (speculation stops paying): {rep['crossover_batch']}")
+    L.append("")
+    for name, t in rep["targets"].items():
+        v = t["value"]
+        vs = f"{v:.3f}" if isinstance(v, float) else str(v)
+        L.append(f"target {name:<24} {vs:>8}  goal {'<=' if t.get('lower_is_better') else '>='} {t['goal']}  "
+                 f"{'MET' if t['met'] else 'NOT MET'}")
+    return "\n".join(L)

@@ -1,0 +1,89 @@
+"""The CLI: JSON output fields, colours, and one-line errors with exit status 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from speclab.cli import main
+
+
+def run(argv, capsys):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_generate_json(tiny, capsys):
+    code, out, err = run(["generate", "--prompt", "hello world", "--target", tiny["target"], "--draft",
+                          tiny["draft_close"], "-k", "4", "--max-new-tokens", "12", "--json"], capsys)
+    assert code == 0, err
+    obj = json.loads(out)
+    assert isinstance(obj["text"], list) and len(obj["text"]) == 1
+    tok = obj["tokens"][0][0]
+    assert set(tok) >= {"token", "text", "status", "round", "draft_prob", "target_prob"}
+    assert {t["status"] for t in obj["tokens"][0]} <= {"accepted", "rejected", "recovered", "bonus", "target"}
+    for key in ("acceptance_rate", "mean_accepted_length", "per_position_acceptance", "tokens_per_s", "ttft_ms",
+                "tpot_ms", "rounds"):
+        assert key in obj["metrics"]
+
+
+def test_generate_batch_and_sampling(tiny, capsys):
+    code, out, _ = run(["generate", "--prompt", "abc abc abc", "--target", tiny["target"], "--draft", "ngram",
+                        "--batch", "3", "--temperature", "0.9", "--top-p", "0.95", "--seed", "3",
+                        "--max-new-tokens", "10", "--json"], capsys)
+    obj = json.loads(out)
+    assert code == 0 and len(obj["text"]) == 3 and len(obj["tokens"]) == 3
+
+
+def test_generate_coloured(tiny, capsys):
+    code, out, _ = run(["generate", "--prompt", "hello", "--target", tiny["target"], "--draft", tiny["target"],
+                        "-k", "3", "--max-new-tokens", "10", "--colour"], capsys)
+    assert code == 0
+    assert "\x1b[32m" in out  # accepted tokens in green
+    assert "acceptance rate" in out and "TTFT" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--target", "/no/such/model"], "unknown target model '/no/such/model'"),
+    (["--draft", "/no/such/draft"], "unknown draft model '/no/such/draft'"),
+    (["-k", "-1"], "between 0 and 32"),
+    (["-k", "33"], "between 0 and 32"),
+    (["--batch", "0"], "--batch must be at least 1"),
+    (["--max-new-tokens", "300"], "exceeds the context"),
+])
+def test_bad_input_one_line(tiny, capsys, argv, needle):
+    base = {"--target": tiny["target"], "--draft": "ngram"}
+    args = ["generate", "--prompt", "hello"]
+    for key in ("--target", "--draft"):
+        if key not in argv:
+            args += [key, base[key]]
+    code, out, err = run(args + argv, capsys)
+    assert code == 2
+    assert needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_empty_prompt(tiny, capsys):
+    code, _, err = run(["generate", "--prompt", "  ", "--target", tiny["target"], "--draft", "none"], capsys)
+    assert code == 2 and "prompt is empty" in err
+
+
+def test_mismatched_tokenizers_named(tiny, capsys):
+    code, _, err = run(["generate", "--prompt", "hello", "--target", tiny["target"], "--draft", tiny["other_tok"]],
+                       capsys)
+    assert code == 2
+    assert "different tokenizers" in err and "other_tok" in err and "target" in err
+
+
+def test_console_script_exit_status(tiny):
+    """A real process: one line on stderr, exit status 2, no traceback."""
+    p = subprocess.run([sys.executable, "-m", "speclab", "generate", "--prompt", "hi", "--target", "nope/none-here",
+                        "--draft", "none"], capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1",
+                                                                                "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("speclab: error: cannot load target model 'nope/none-here'")
+    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1

@@ -1,0 +1,272 @@
+"""Greedy equivalence with Hugging Face generate, both drafters, ragged batches, the extremes,
+EOS/length inside an accepted run, and the distribution of speculative samples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import PROMPTS
+
+from speclab.drafters import ModelDrafter, PromptLookupDrafter, Proposal, make_drafter
+from speclab.engine import SpeculativeDecoder
+from speclab.models import load_model
+
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(target_lm):
+    """Hugging Face generate(do_sample=False) per prompt: the reference."""
+    ref = {}
+    m, tok = target_lm.hf_model, target_lm.tokenizer
+    for p in PROMPTS:
+        ids = tok(p, return_tensors="pt")
+        out = m.generate(**ids, do_sample=False, max_new_tokens=NEW, eos_token_id=target_lm.eos_token_id,
+                         pad_token_id=target_lm.eos_token_id)
+        ref[p] = out[0, ids["input_ids"].shape[1]:].tolist()
+    return ref
+
+
+def _drafter(kind, tiny, target):
+    if kind == "ngram":
+        return PromptLookupDrafter()
+    return make_drafter(tiny[kind], target)
+
+
+def test_plain_k0_equals_hf(target_lm, hf_greedy):
+    dec = SpeculativeDecoder(target_lm, None)
+    for p in PROMPTS:
+        assert dec.generate([p], k=0, max_new_tokens=NEW).output_tokens[0] == hf_greedy[p], p
+
+
+@pytest.mark.parametrize("kind", ["draft_close", "ngram"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_equivalence_batch1(tiny, target_lm, hf_greedy, kind, k):
+    dec = SpeculativeDecoder(target_lm, _drafter(kind, tiny, target_lm))
+    plain = SpeculativeDecoder(target_lm, None)
+    drafted = 0
+    for p in PROMPTS:
+        res = dec.generate([p], k=k, max_new_tokens=NEW)
+        assert res.output_tokens[0] == hf_greedy[p], (p, k, kind)
+        assert res.output_tokens[0] == plain.generate([p], k=0, max_new_tokens=NEW).output_tokens[0]
+        drafted += res.metrics["drafted_tokens"]
+    assert drafted > 0  # the drafter really proposed
+
+
+@pytest.mark.parametrize("kind", ["draft_close", "ngram"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_equivalence_batch3_ragged(tiny, target_lm, hf_greedy, kind, k):
+    """Rows of different prompt lengths, each accepting its own number of tokens per round,
+    each equal to its own single run."""
+    dec = SpeculativeDecoder(target_lm, _drafter(kind, tiny, target_lm))
+    ragged_rounds = 0
+    for i in range(0, len(PROMPTS) - 2, 3):
+        batch = PROMPTS[i:i + 3]
+        res = dec.generate(batch, k=k, max_new_tokens=NEW)
+        for p, out in zip(batch, res.output_tokens):
+            assert out == hf_greedy[p], (p, k, kind)
+        for ev in res.recorder.rounds[1:]:
+            if len({r.num_accepted for r in ev.rows}) > 1:
+                ragged_rounds += 1
+    if kind == "draft_close":
+        assert ragged_rounds > 0  # rows really accepted different counts in the same round
+
+
+def test_hf_backend_equivalence(tiny, hf_greedy):
+    """The generic backend (any AutoModelForCausalLM) gives the same tokens."""
+    target = load_model(tiny["target"], device="cpu", backend="hf")
+    assert target.backend == "hf"
+    for drafter in (None, PromptLookupDrafter(), make_drafter(tiny["draft_close"], target)):
+        dec = SpeculativeDecoder(target, drafter)
+        batch = PROMPTS[:5]
+        res = dec.generate(batch, k=3, max_new_tokens=NEW)
+        for p, out in zip(batch, res.output_tokens):
+            assert out == hf_greedy[p]
+
+
+def test_padded_lm_head_draft(tiny, target_lm, hf_greedy):
+    """Same tokenizer, larger vocab_size (padded head): accepted, and still exact."""
+    dec = SpeculativeDecoder(target_lm, make_drafter(tiny["draft_padded"], target_lm))
+    for p in PROMPTS[:5]:
+        assert dec.generate([p], k=4, max_new_tokens=NEW).output_tokens[0] == hf_greedy[p]
+
+
+class AlwaysWrongDrafter:
+    """Proposes a token the target would never pick first: nothing is ever accepted.
+    (Also shows a drafter plugs in through the protocol alone.)"""
+
+    name = "always-wrong"
+
+    def __init__(self, target):
+        self.target = target
+
+    def start(self, ctx, max_len):
+        pass
+
+    def propose(self, ctx, k, params, uniform, want_probs):
+        V = self.target.vocab_size
+        toks = []
+        for seq in ctx.host:
+            logits = self.target.hf_model(torch.tensor([seq])).logits[0, -1]
+            toks.append([(int(logits.argmax()) + 1) % V] * k)
+        t = torch.tensor(toks)
+        return Proposal(t, torch.full((len(toks),), k), None, None)
+
+    def commit(self, ctx):
+        pass
+
+
+def test_extremes(tiny, target_lm, hf_greedy):
+    perfect = SpeculativeDecoder(target_lm, make_drafter(tiny["target"], target_lm))
+    wrong = SpeculativeDecoder(target_lm, AlwaysWrongDrafter(target_lm))
+    for p in PROMPTS[:8]:
+        a = perfect.generate([p], k=4, max_new_tokens=NEW)
+        b = wrong.generate([p], k=4, max_new_tokens=NEW)
+        assert a.output_tokens[0] == b.output_tokens[0] == hf_greedy[p]
+        if a.metrics["drafted_tokens"]:
+            assert a.metrics["acceptance_rate"] == 1.0
+        assert b.metrics["acceptance_rate"] == 0.0
+        statuses = {t["status"] for t in b.tokens[0]}
+        assert "accepted" not in statuses and "rejected" in statuses
+
+
+def test_eos_and_length_inside_accepted_run(tiny, target_lm, hf_greedy):
+    p = PROMPTS[1]
+    ref = hf_greedy[p]
+    eos = ref[5]  # pretend the 6th greedy token is EOS: it falls inside an accepted run at k = 8
+    first = ref.index(eos)
+    lm = load_model(tiny["target"], device="cpu")
+    lm.eos_token_id = eos
+    dec = SpeculativeDecoder(lm, make_drafter(tiny["target"], lm))
+    res = dec.generate([p], k=8, max_new_tokens=NEW)
+    assert res.output_tokens[0] == ref[:first + 1]
+    assert res.finish_reasons == ["eos"]
+    ids = lm.tokenizer(p, return_tensors="pt")
+    hf = lm.hf_model.generate(**ids, do_sample=False, max_new_tokens=NEW, eos_token_id=eos, pad_token_id=eos)
+    assert hf[0, ids["input_ids"].shape[1]:].tolist() == res.output_tokens[0]
+    # the length limit inside an accepted run
+    dec2 = SpeculativeDecoder(target_lm, make_drafter(tiny["target"], target_lm))
+    res = dec2.generate([p], k=8, max_new_tokens=5)
+    assert res.output_tokens[0] == hf_greedy[p][:5] and res.finish_reasons == ["length"]
+    assert sum(1 for t in res.tokens[0] if t["status"] != "rejected") == 5
+
+
+def test_sampling_reproducible_and_rows_differ(tiny, target_lm):
+    dec = SpeculativeDecoder(target_lm, make_drafter(tiny["draft_close"], target_lm))
+    a = dec.generate(["hello world"] * 3, k=4, max_new_tokens=20, temperature=1.0, seed=7)
+    b = dec.generate(["hello world"] * 3, k=4, max_new_tokens=20, temperature=1.0, seed=7)
+    c = dec.generate(["hello world"] * 3, k=4, max_new_tokens=20, temperature=1.0, seed=8)
+    assert a.output_tokens == b.output_tokens
+    assert a.output_tokens != c.output_tokens
+    assert len({tuple(o) for o in a.output_tokens}) > 1  # a seed per row
+    statuses = {t["status"] for row in a.tokens for t in row}
+    assert {"accepted", "target"} <= statuses
+
+
+def test_events_cover_every_token(tiny, target_lm):
+    dec = SpeculativeDecoder(target_lm, make_drafter(tiny["draft_close"], target_lm))
+    res = dec.generate(PROMPTS[:3], k=4, max_new_tokens=NEW, temperature=0.8, top_p=0.9, seed=1)
+    for row, out in zip(res.tokens, res.output_tokens):
+        assert [t["token"] for t in row if t["status"] != "rejected"] == out
+        for t in row:
+            assert t["status"] in ("accepted", "rejected", "recovered", "bonus", "target")
+            assert 0.0 <= t["target_prob"] <= 1.0
+            if t["status"] in ("accepted", "rejected"):
+                assert 0.0 < t["draft_prob"] <= 1.0
+    m = res.metrics
+    assert m["drafted_tokens"] > 0 and 0 <= m["acceptance_rate"] <= 1
+    assert m["mean_accepted_length"] == pytest.approx(m["accepted_tokens"] / m["row_rounds"] + 1)
+    assert len(m["per_position_acceptance"]) == 4
+    for key in ("ttft_ms", "tpot_ms", "tokens_per_s", "latency_p50_ms", "latency_p95_ms", "itl_p95_ms"):
+        assert m[key] is not None and m[key] >= 0
+    df = res.recorder.tokens_frame()
+    assert len(df) == sum(len(r) for r in res.tokens)
+
+
+def test_no_subscriber_no_events(tiny, target_lm):
+    dec = SpeculativeDecoder(target_lm, make_drafter(tiny["draft_close"], target_lm))
+    seen = []
+    res = dec.generate(["hello"], k=2, max_new_tokens=8, record=False)
+    assert res.metrics == {} and not dec.hooks.active
+    unsub = dec.hooks.subscribe(seen.append)
+    dec.generate(["hello"], k=2, max_new_tokens=8, record=False)
+    unsub()
+    kinds = [type(e).__name__ for e in seen]
+    assert kinds[0] == "RunStarted" and kinds[-1] == "RunFinished" and "RoundEvent" in kinds
+
+
+def test_stream_can_be_cancelled(tiny, target_lm):
+    dec = SpeculativeDecoder(target_lm, make_drafter(tiny["draft_close"], target_lm))
+    n = 0
+    for ev in dec.stream(["hello world"], k=2, max_new_tokens=64):
+        n += 1
+        if n == 3:
+            break
+    assert not dec.hooks.active  # the stream unsubscribed
+    assert dec.generate(["hello"], k=2, max_new_tokens=4).output_tokens[0]
+
+
+# ----------------------------------------------------------------------------- distribution
+def _exact_second_token_dist(lm, prompt, temperature):
+    """P(t2) = sum_t1 P(t1) P(t2 | t1) under the target, enumerated over the small vocabulary."""
+    m, ids = lm.hf_model, lm.encode(prompt)
+    with torch.no_grad():
+        p1 = (m(torch.tensor([ids])).logits[0, -1].double() / temperature).softmax(-1)  # (V,)
+        V = p1.shape[0]
+        ext = torch.tensor([ids + [t] for t in range(V)])  # (V, L+1)
+        p2 = (m(ext).logits[:, -1].double() / temperature).softmax(-1)  # (V, V)
+    return (p1[:, None] * p2).sum(0)  # (V,)
+
+
+def _empirical_second_token(lm, drafter, n, temperature, seed):
+    dec = SpeculativeDecoder(lm, drafter)
+    res = dec.generate(["hello wor"] * n, k=2, max_new_tokens=3, temperature=temperature, seed=seed,
+                       record=False, stop_on_eos=False)
+    t2 = torch.tensor([o[1] for o in res.output_tokens])
+    return torch.bincount(t2, minlength=lm.vocab_size).double() / n
+
+
+def _chi_square(emp, exact, n):
+    """Pearson's statistic over tokens with expected count >= 5 (the rest pooled), and its dof."""
+    exp, obs = exact * n, emp * n
+    big = exp >= 5
+    e = torch.cat([exp[big], exp[~big].sum()[None]])
+    o = torch.cat([obs[big], obs[~big].sum()[None]])
+    keep = e > 0
+    stat = (((o - e) ** 2) / e)[keep].sum().item()
+    return stat, int(keep.sum().item()) - 1
+
+
+def _chi2_quantile(dof, z):
+    """Wilson-Hilferty approximation of the chi-square quantile at standard-normal z."""
+    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+
+
+@pytest.mark.slow
+def test_speculative_samples_follow_target_distribution(tiny, target_lm, monkeypatch):
+    """Thousands of rows, fixed seeds: the second generated token (the first one decided by the
+    rejection rule) has the target's exact marginal; a deliberately wrong rule fails the same test."""
+    import speclab.engine as engine
+    from test_acceptance import _wrong_rule
+
+    temperature, n = 1.0, 8000
+    exact = _exact_second_token_dist(target_lm, "hello wor", temperature)
+    drafter = make_drafter(tiny["draft_far"], target_lm)
+    emp = _empirical_second_token(target_lm, drafter, n, temperature, seed=0)
+    stat, dof = _chi_square(emp, exact, n)
+    tv = 0.5 * (emp - exact).abs().sum().item()
+    assert stat < _chi2_quantile(dof, 3.09), (stat, dof, tv)  # p > 0.001
+    assert tv < 0.04, tv
+    monkeypatch.setattr(engine, "rejection_sample", _wrong_rule)
+    emp_bad = _empirical_second_token(target_lm, drafter, n, temperature, seed=0)
+    stat_bad, dof = _chi_square(emp_bad, exact, n)
+    assert stat_bad > _chi2_quantile(dof, 5.0), (stat_bad, dof)  # p < 3e-7
+
+
+def test_model_drafter_rolls_back_by_length(tiny, target_lm):
+    d = make_drafter(tiny["draft_close"], target_lm)
+    assert isinstance(d, ModelDrafter)
+    dec = SpeculativeDecoder(target_lm, d)
+    dec.generate(["abc abc"], k=4, max_new_tokens=10)
+    # after the run the drafter's cache length is at most the row length - 1 (nothing copied)
+    assert d.host_dlen[0] <= len(target_lm.encode("abc abc")) + 10
