@@ -224,3 +224,19 @@ def cost_model_chart(df):
     if "draft" in df.columns and df["draft"].nunique() > 1:
         chart = chart.facet(column="draft:N")
     return chart.properties(title="cost model vs measurement")
+
+
+def cumulative_tokens_chart(gaps_df):
+    """Tokens delivered over time (row 0), one step line per method: speculation climbs in steps."""
+    import altair as alt
+
+    d = gaps_df
+    if "row" in d:
+        d = d[d["row"] == 0]
+    d = d.assign(tokens=d["index"] + 1)
+    return alt.Chart(d).mark_line(interpolate="step-after", point=True).encode(
+        x=alt.X("t_ms:Q", title="time since request (ms)"),
+        y=alt.Y("tokens:Q", title="tokens delivered"),
+        color=alt.Color("method:N"),
+        tooltip=["method", "tokens", alt.Tooltip("t_ms:Q", format=".1f")],
+    ).properties(width=360, height=200, title="tokens over time")

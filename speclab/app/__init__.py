@@ -1,0 +1,59 @@
+"""The Gradio lab (``python app.py``; also a Hugging Face Space).
+
+    python app.py [--target NAME|PATH] [--draft NAME|PATH] [--allow-custom-models]
+                  [--host 127.0.0.1] [--port 7860] [--share]
+
+Environment: SPECLAB_TARGET, SPECLAB_DRAFT, SPECLAB_DRAFTS (extra drafts, comma separated),
+SPECLAB_ALLOW_CUSTOM_MODELS=1, SPECLAB_DEVICE; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+__all__ = ["build_demo", "main", "parse_args"]
+
+
+def build_demo(cfg=None):
+    from .ui import build_demo as _build
+
+    return _build(cfg)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="app.py", description="speclab: the speculative decoding lab (Gradio)")
+    p.add_argument("--target", help="target model: a family name, a local HF directory or a hub id "
+                   "(default: the embedded family's target; env SPECLAB_TARGET)")
+    p.add_argument("--draft", help="default draft (family name, path, 'ngram' or 'none'; env SPECLAB_DRAFT)")
+    p.add_argument("--drafts", nargs="*", default=None, help="extra drafts offered in the app (env SPECLAB_DRAFTS)")
+    p.add_argument("--allow-custom-models", action="store_true", default=None,
+                   help="let users type any local directory or hub id as target/draft (off by default)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                   help="interface to bind (default 127.0.0.1; a Space sets GRADIO_SERVER_NAME)")
+    p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    p.add_argument("--share", action="store_true", help="create a public gradio.live link (off by default)")
+    p.add_argument("--concurrency", type=int, default=int(os.environ.get("SPECLAB_CONCURRENCY", "2")),
+                   help="decode runs served at once (default 2); sweeps always run one at a time")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from ..errors import SpeclabError
+    from .core import AppConfig
+    from .ui import CSS, build_demo as _build
+
+    try:
+        cfg = AppConfig.from_env(target=args.target, draft=args.draft, extra_drafts=args.drafts,
+                                 allow_custom_models=args.allow_custom_models, device=args.device)
+    except SpeclabError as e:
+        print(f"app.py: {e}", file=sys.stderr)
+        return 2
+    demo = _build(cfg)
+    demo.queue(default_concurrency_limit=max(1, args.concurrency))
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, ssr_mode=False,
+                show_error=False, footer_links=["api", "gradio"])
+    return 0

@@ -1,0 +1,533 @@
+"""The app's logic, free of Gradio: configuration, input validation, and the three runs
+(a streamed decode with its k = 0 baseline, a sweep, a timing comparison).
+
+Nothing here keeps per-run state at module level: every run builds its own decoder and drafter
+(a model drafter keeps a KV cache, so sharing one between two users' runs would mix them up).
+Only loaded models are shared, read-only, through :func:`speclab.sweep.cached_model`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from ..errors import SpeclabError
+
+MAX_K = 16
+MAX_BATCH = 16
+MAX_NEW_TOKENS = 256
+MAX_TEMPERATURE = 2.0
+MAX_SEED = 2**31 - 1
+MAX_PROMPT_CHARS = 8000
+MAX_SWEEP_CELLS = 120  # (workload, batch, draft, k) cells incl. baselines
+SWEEP_KS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
+SWEEP_BATCHES = [1, 2, 4, 8, 16]
+FILL_COPIES = "copies of the prompt"
+FILL_WORKLOAD = "other prompts of the workload"
+BUILTIN_DRAFTS = ("ngram", "none")
+DRAFT_LABELS = {"ngram": "ngram (prompt lookup, no model)", "none": "none (baseline, k = 0)"}
+
+
+# --------------------------------------------------------------------------------- configuration
+def _family() -> list[dict]:
+    try:
+        from ..family import list_models
+
+        return list_models()
+    except Exception:
+        return []
+
+
+def _family_defaults() -> tuple[str, str]:
+    try:
+        from ..family import DEFAULT_DRAFT, DEFAULT_TARGET
+
+        return DEFAULT_TARGET, DEFAULT_DRAFT
+    except Exception:
+        return "target", "draft-distill"
+
+
+def _truthy(v: str | None) -> bool:
+    return str(v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """What the server offers. ``targets``/``drafts`` are the only model choices users get, unless
+    ``allow_custom_models`` (then any local directory or hub id may be typed in)."""
+
+    targets: tuple[str, ...]
+    drafts: tuple[str, ...]  # model drafts, then "ngram", "none"
+    default_target: str | None
+    default_draft: str
+    allow_custom_models: bool = False
+    device: str | None = None
+    family_present: bool = False
+
+    @classmethod
+    def build(cls, target: str | None = None, draft: str | None = None, extra_drafts: list[str] | None = None,
+              allow_custom_models: bool = False, device: str | None = None) -> "AppConfig":
+        fam = _family()
+        fam_target, fam_draft = _family_defaults()
+        names = [m["name"] for m in fam]
+        fam_targets = [m["name"] for m in fam if m.get("role") == "target"]
+        if fam_target in names and fam_target in fam_targets:
+            fam_targets.remove(fam_target)
+            fam_targets.insert(0, fam_target)
+        order = {"distilled-draft": 0, "draft": 1, "mismatched": 3}
+        fam_drafts = sorted((m for m in fam if m.get("role") != "target"),
+                            key=lambda m: (order.get(m.get("role"), 2), -(m.get("parameters") or 0), m["name"]))
+        fam_drafts = [m["name"] for m in fam_drafts]
+        targets = ([target] if target else []) + [t for t in fam_targets if t != target]
+        drafts: list[str] = []
+        for d in ([draft] if draft else []) + list(extra_drafts or []) + fam_drafts + list(BUILTIN_DRAFTS):
+            if d and d not in drafts:
+                drafts.append(d)
+        if draft:
+            default_draft = draft
+        elif fam_draft in fam_drafts:
+            default_draft = fam_draft
+        else:
+            default_draft = next((d for d in drafts if d not in BUILTIN_DRAFTS), "ngram")
+        return cls(tuple(targets), tuple(drafts), targets[0] if targets else None, default_draft,
+                   allow_custom_models, device, bool(fam))
+
+    @classmethod
+    def from_env(cls, **overrides) -> "AppConfig":
+        """SPECLAB_TARGET, SPECLAB_DRAFT, SPECLAB_DRAFTS (comma list), SPECLAB_ALLOW_CUSTOM_MODELS,
+        SPECLAB_DEVICE; keyword arguments (from command-line flags) win when not None."""
+        env = os.environ
+        kw = dict(target=env.get("SPECLAB_TARGET") or None, draft=env.get("SPECLAB_DRAFT") or None,
+                  extra_drafts=[d.strip() for d in env.get("SPECLAB_DRAFTS", "").split(",") if d.strip()],
+                  allow_custom_models=_truthy(env.get("SPECLAB_ALLOW_CUSTOM_MODELS")),
+                  device=env.get("SPECLAB_DEVICE") or None)
+        for k, v in overrides.items():
+            if v is not None and v != [] and v is not False:
+                kw[k] = v
+        return cls.build(**kw)
+
+    def draft_choices(self) -> list[tuple[str, str]]:
+        return [(DRAFT_LABELS.get(d, d), d) for d in self.drafts]
+
+
+# --------------------------------------------------------------------------------- validation
+def _int(name: str, v, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or v is None or v == "":
+        raise SpeclabError(f"{name} must be a whole number between {lo} and {hi}, got {v!r}")
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise SpeclabError(f"{name} must be a whole number between {lo} and {hi}, got {v!r}") from None
+    if not math.isfinite(f) or f != int(f):
+        raise SpeclabError(f"{name} must be a whole number between {lo} and {hi}, got {v!r}")
+    if not lo <= int(f) <= hi:
+        raise SpeclabError(f"{name} must be between {lo} and {hi}, got {int(f)}")
+    return int(f)
+
+
+def _float(name: str, v, lo: float, hi: float, lo_open: bool = False) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise SpeclabError(f"{name} must be a number in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}") from None
+    if not math.isfinite(f) or f > hi or f < lo or (lo_open and f <= lo):
+        raise SpeclabError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
+    return f
+
+
+def check_model_choice(cfg: AppConfig, value, role: str) -> str:
+    choices = cfg.targets if role == "target" else cfg.drafts
+    if not isinstance(value, str) or not value.strip():
+        if role == "target" and not choices:
+            raise SpeclabError("no target model: the embedded family is not trained yet; start the app with "
+                               "--target PATH (or set SPECLAB_TARGET)")
+        raise SpeclabError(f"no {role} chosen")
+    value = value.strip()
+    if value in choices or (role == "draft" and value.lower() in BUILTIN_DRAFTS):
+        return value.lower() if value.lower() in BUILTIN_DRAFTS else value
+    if cfg.allow_custom_models:
+        return value
+    offered = ", ".join(choices) or "none"
+    raise SpeclabError(f"unknown {role} '{value}': choose one of {offered} (custom models need the app to be "
+                       f"started with --allow-custom-models)")
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """A decode run's settings, captured (frozen) when the run starts."""
+
+    prompt: str
+    target: str
+    draft: str
+    k: int
+    batch: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    fill: str = FILL_WORKLOAD
+    workload: str | None = None
+    pace_ms: int = 0
+
+    @property
+    def speculative(self) -> bool:
+        return self.draft != "none" and self.k > 0
+
+
+def validate_decode(cfg: AppConfig, prompt, target, draft, k, batch, temperature, top_p, max_new_tokens, seed,
+                    fill=FILL_WORKLOAD, workload=None, pace_ms=0) -> DecodeSettings:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise SpeclabError("the prompt is empty: type one or pick an example")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise SpeclabError(f"the prompt is too long ({len(prompt)} characters, at most {MAX_PROMPT_CHARS})")
+    target = check_model_choice(cfg, target, "target")
+    draft = check_model_choice(cfg, draft, "draft")
+    k = _int("k (draft length)", k, 0, MAX_K)
+    batch = _int("batch size", batch, 1, MAX_BATCH)
+    temperature = _float("temperature", temperature, 0.0, MAX_TEMPERATURE)
+    top_p = _float("top-p", top_p, 0.0, 1.0, lo_open=True)
+    max_new_tokens = _int("max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
+    seed = _int("seed", seed, 0, MAX_SEED)
+    pace_ms = _int("pause per round (ms)", pace_ms or 0, 0, 2000)
+    fill = fill if fill in (FILL_COPIES, FILL_WORKLOAD) else FILL_WORKLOAD
+    workload = workload if isinstance(workload, str) and workload else None
+    return DecodeSettings(prompt, target, draft, k, batch, temperature, top_p, max_new_tokens, seed, fill,
+                          workload, pace_ms)
+
+
+# --------------------------------------------------------------------------------- models
+_WARM: set = set()
+_WARM_LOCK = threading.Lock()
+
+
+def get_target(cfg: AppConfig, spec: str):
+    from ..sweep import cached_model
+
+    lm = cached_model(spec, device=cfg.device, role="target")
+    _setup_threads(lm)
+    return lm
+
+
+def _setup_threads(lm) -> None:
+    try:
+        from ..cli import setup_threads
+
+        if not os.environ.get("OMP_NUM_THREADS"):
+            setup_threads(None, lm)
+    except Exception:
+        pass
+
+
+def new_drafter(cfg: AppConfig, spec: str, target):
+    """A fresh drafter for one run (never shared between runs)."""
+    from ..drafters import DRAFTER_ALIASES, ModelDrafter, PromptLookupDrafter
+    from ..models import check_same_tokenizer
+    from ..sweep import cached_model
+
+    if spec.lower() in ("none", "", "baseline"):
+        return None
+    if spec.lower() in DRAFTER_ALIASES:
+        return PromptLookupDrafter()
+    draft = cached_model(spec, device=cfg.device if cfg.device else target.device, role="draft")
+    check_same_tokenizer(target, draft)
+    return ModelDrafter(draft, target.vocab_size)
+
+
+def warm_up(target, drafter_spec: str, cfg: AppConfig) -> None:
+    """One tiny run per (target, draft) the first time they are used: the first forward of a
+    process is slow and would distort the first measurement."""
+    key = (id(target), drafter_spec)
+    with _WARM_LOCK:
+        if key in _WARM:
+            return
+    from ..engine import SpeculativeDecoder
+
+    prompt = "Hello world. " * 4
+    for spec in ("none", drafter_spec):
+        d = new_drafter(cfg, spec, target)
+        SpeculativeDecoder(target, d).generate([prompt, prompt], k=2 if d else 0, max_new_tokens=6, record=True)
+    with _WARM_LOCK:
+        _WARM.add(key)
+
+
+def batch_prompts(s: DecodeSettings) -> list[str]:
+    """Row 0 is the user's prompt; other rows are copies or the workload's other prompts."""
+    if s.batch == 1:
+        return [s.prompt]
+    others: list[str] = []
+    if s.fill == FILL_WORKLOAD:
+        try:
+            from ..workloads import list_workloads, load_workload
+
+            names = [s.workload] if s.workload else list_workloads()[:1]
+            for n in names:
+                others += [p.prompt for p in load_workload(n) if p.prompt != s.prompt]
+        except Exception:
+            others = []
+    if not others:
+        others = [s.prompt]
+    return [s.prompt] + [others[i % len(others)] for i in range(s.batch - 1)]
+
+
+# --------------------------------------------------------------------------------- streamed runs
+def _shift(ev, dt: float):
+    """The event as if the consumer had taken no time (the UI's time is not the decoder's)."""
+    from ..events import RunFinished
+
+    if dt == 0.0:
+        return ev
+    if isinstance(ev, RunFinished):
+        return dataclasses.replace(ev, time=ev.time - dt, wall_s=max(ev.wall_s - dt, 1e-9))
+    return dataclasses.replace(ev, time=ev.time - dt)
+
+
+@dataclass
+class RunView:
+    """A run in progress or done: what the UI shows."""
+
+    phase: str  # "speculative" | "baseline" | "done"
+    settings: DecodeSettings
+    prompts: list[str]
+    tokens: list[list[dict]] = field(default_factory=list)
+    metrics: dict | None = None
+    baseline: dict | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    round: int = 0
+    cancelled: bool = False
+
+    @property
+    def speedup(self) -> float | None:
+        if self.baseline is None or self.metrics is None:
+            return None
+        a, b = self.metrics.get("tokens_per_s"), self.baseline.get("tokens_per_s")
+        return a / b if a and b else None
+
+    def to_dict(self) -> dict:
+        return {"settings": dataclasses.asdict(self.settings), "prompts": self.prompts, "tokens": self.tokens,
+                "metrics": self.metrics, "baseline_metrics": self.baseline, "speedup": self.speedup,
+                "finish_reasons": self.finish_reasons, "error": None}
+
+
+def timed_stream(dec, prompts, s: DecodeSettings, k: int, recorder) -> Iterator:
+    """``dec.stream`` with the consumer's time taken out of every event's clock; each event is fed
+    to ``recorder`` and yielded. Closing this generator cancels the run between rounds."""
+    it = dec.stream(prompts, k=k, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                    seed=s.seed)
+    overhead = 0.0
+    try:
+        while True:
+            try:
+                ev = next(it)
+            except StopIteration:
+                return
+            got = time.perf_counter()
+            ev = _shift(ev, overhead)
+            recorder(ev)
+            yield ev
+            overhead += time.perf_counter() - got
+    finally:
+        it.close()
+
+
+def run_decode(cfg: AppConfig, s: DecodeSettings, min_interval: float = 0.08) -> Iterator[RunView]:
+    """The speculative run, streamed (a view at most every ``min_interval`` s, or every round with a
+    pace), then the k = 0 baseline with the same settings; the last view has phase "done"."""
+    from ..engine import SpeculativeDecoder
+    from ..events import RoundEvent, RunFinished
+    from ..metrics import Recorder
+
+    target = get_target(cfg, s.target)
+    drafter = new_drafter(cfg, s.draft, target) if s.speculative else None
+    warm_up(target, s.draft if s.speculative else "none", cfg)
+    prompts = batch_prompts(s)
+    view = RunView("speculative" if s.speculative else "baseline", s, prompts)
+    rec = Recorder(target)
+    last = 0.0
+    k = s.k if s.speculative else 0
+    for ev in timed_stream(SpeculativeDecoder(target, drafter), prompts, s, k, rec):
+        if isinstance(ev, RunFinished):
+            view.finish_reasons = list(ev.finish_reasons)
+            view.cancelled = ev.cancelled
+        if not isinstance(ev, RoundEvent):
+            continue
+        view.round = ev.round
+        now = time.perf_counter()
+        if s.pace_ms or now - last >= min_interval:
+            view.tokens, view.metrics = rec.token_dicts(), rec.summary()
+            yield view
+            last = time.perf_counter()
+            if s.pace_ms:
+                time.sleep(s.pace_ms / 1000)
+    view.tokens, view.metrics = rec.token_dicts(), rec.summary()
+    if not s.speculative:  # this run is the baseline
+        view.baseline = view.metrics
+    else:
+        view.phase = "baseline"
+        yield view
+        base = Recorder(target)
+        for _ in timed_stream(SpeculativeDecoder(target, None), prompts, s, 0, base):
+            pass
+        view.baseline = base.summary()
+    view.phase = "done"
+    yield view
+
+
+# --------------------------------------------------------------------------------- sweep
+@dataclass(frozen=True)
+class SweepSettings:
+    target: str
+    workloads: tuple[str, ...]
+    drafts: tuple[str, ...]
+    ks: tuple[int, ...]
+    batches: tuple[int, ...]
+    prompts_per_workload: int
+    max_new_tokens: int
+    temperature: float
+    seed: int = 0
+
+    @property
+    def cells(self) -> int:
+        return len(self.workloads) * len(self.batches) * (1 + len(self.drafts) * len(self.ks))
+
+
+def _as_list(name: str, v) -> list:
+    if v is None:
+        return []
+    if isinstance(v, (str, int, float)):
+        v = [v]
+    if not isinstance(v, (list, tuple)):
+        raise SpeclabError(f"{name} must be a list, got {type(v).__name__}")
+    return list(v)
+
+
+def validate_sweep(cfg: AppConfig, target, workloads, drafts, ks, batches, prompts_per_workload, max_new_tokens,
+                   temperature, seed=0) -> SweepSettings:
+    from ..workloads import list_workloads
+
+    target = check_model_choice(cfg, target, "target")
+    known = list_workloads()
+    wl = []
+    for w in _as_list("workloads", workloads):
+        if w not in known:
+            raise SpeclabError(f"unknown workload {w!r} (known: {', '.join(known) or 'none'})")
+        if w not in wl:
+            wl.append(w)
+    if not wl:
+        raise SpeclabError("pick at least one workload")
+    ds = []
+    for d in _as_list("drafts", drafts):
+        d = check_model_choice(cfg, d, "draft")
+        if d != "none" and d not in ds:
+            ds.append(d)
+    if not ds:
+        raise SpeclabError("pick at least one draft (the k = 0 baseline is always measured)")
+    kl = sorted({_int("k", k, 1, MAX_K) for k in _as_list("k values", ks)})
+    if not kl:
+        raise SpeclabError("pick at least one k")
+    bl = sorted({_int("batch size", b, 1, MAX_BATCH) for b in _as_list("batch sizes", batches)})
+    if not bl:
+        raise SpeclabError("pick at least one batch size")
+    s = SweepSettings(target, tuple(wl), tuple(ds), tuple(kl), tuple(bl),
+                      _int("prompts per workload", prompts_per_workload, 1, 32),
+                      _int("max new tokens", max_new_tokens, 1, 128),
+                      _float("temperature", temperature, 0.0, MAX_TEMPERATURE), _int("seed", seed, 0, MAX_SEED))
+    if s.cells > MAX_SWEEP_CELLS:
+        raise SpeclabError(f"this sweep has {s.cells} cells (at most {MAX_SWEEP_CELLS}): pick fewer workloads, "
+                           f"drafts, k values or batch sizes")
+    return s
+
+
+class SweepJob:
+    """``run_sweep`` on a worker thread, so the caller can poll progress and cancel it."""
+
+    def __init__(self, cfg: AppConfig, s: SweepSettings):
+        self.cfg, self.s = cfg, s
+        self.progress = 0.0
+        self.desc = "loading models"
+        self.df = None
+        self.error: BaseException | None = None
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "SweepJob":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        from ..sweep import SweepSpec, run_sweep
+
+        try:
+            target = get_target(self.cfg, self.s.target)
+            for d in self.s.drafts:  # check tokenizers and warm up before measuring anything
+                if self._cancel.is_set():
+                    return
+                warm_up(target, d, self.cfg)
+            spec = SweepSpec(list(self.s.workloads), list(self.s.drafts), list(self.s.ks), list(self.s.batches),
+                             temperature=self.s.temperature, max_new_tokens=self.s.max_new_tokens,
+                             prompts_per_workload=self.s.prompts_per_workload, seed=self.s.seed)
+            self.df = run_sweep(target, spec, progress=self._progress, cancel=self._cancel.is_set)
+        except BaseException as e:  # noqa: BLE001 - reported by the caller
+            self.error = e
+
+    def _progress(self, frac: float, desc: str) -> None:
+        self.progress, self.desc = frac, desc
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+def sweep_table(df):
+    """The sweep DataFrame for display and CSV: lists as text, floats rounded."""
+    if df is None or not len(df):
+        return df
+    out = df.copy()
+    if "per_position_acceptance" in out:
+        out["per_position_acceptance"] = out["per_position_acceptance"].map(
+            lambda v: " ".join(f"{x:.2f}" for x in v) if isinstance(v, (list, tuple)) else v)
+    for c in out.columns:
+        if out[c].dtype.kind == "f":
+            out[c] = out[c].round(4)
+    return out
+
+
+# --------------------------------------------------------------------------------- timing
+def run_timing(cfg: AppConfig, s: DecodeSettings) -> dict:
+    """Baseline and speculative run on the same prompt (row 0 only): per-token gaps and TTFT."""
+    import pandas as pd
+
+    from ..engine import SpeculativeDecoder
+    from ..metrics import Recorder
+
+    target = get_target(cfg, s.target)
+    drafter = new_drafter(cfg, s.draft, target) if s.speculative else None
+    warm_up(target, s.draft if s.speculative else "none", cfg)
+    prompts = [s.prompt]
+    runs = [("baseline (k=0)", None, 0)]
+    if drafter is not None:
+        runs.append((f"{s.draft} k={s.k}", drafter, s.k))
+    gaps, ttft, summaries = [], [], {}
+    for name, d, k in runs:
+        rec = Recorder(target)
+        for _ in timed_stream(SpeculativeDecoder(target, d), prompts, s, k, rec):
+            pass
+        m = rec.summary()
+        summaries[name] = m
+        g = rec.gaps_frame()
+        g["method"] = name
+        gaps.append(g)
+        ttft.append(dict(method=name, ttft_ms=m["ttft_ms"], tpot_ms=m["tpot_ms"], tokens_per_s=m["tokens_per_s"],
+                         itl_p50_ms=m["itl_p50_ms"], itl_max_ms=m["itl_max_ms"]))
+    return {"gaps": pd.concat(gaps, ignore_index=True), "ttft": pd.DataFrame(ttft), "metrics": summaries}

@@ -1,0 +1,156 @@
+"""Helpers for the app's tests (and for developing the app before the embedded family exists):
+tiny random Llama models sharing one tokenizer, a mismatched one, and a launcher that starts
+``python app.py`` on a free local port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def family_models() -> dict[str, str] | None:
+    """{'target', 'draft', 'mismatch'} names of the shipped family when its weights are present."""
+    try:
+        from speclab.family import DEFAULT_TARGET, list_models
+
+        names = {m["name"]: m for m in list_models()}
+    except Exception:
+        return None
+    if DEFAULT_TARGET not in names:
+        return None
+    # the weakest draft gives the most rejections (tests want both kinds of token)
+    drafts = [n for n in ("draft-xs", "draft-s", "draft-distill") if n in names]
+    drafts += [n for n, m in names.items() if m.get("role") in ("draft", "distilled-draft") and n not in drafts]
+    if not drafts:
+        return None
+    mism = [n for n, m in names.items() if m.get("role") == "mismatched"]
+    return {"target": DEFAULT_TARGET, "draft": drafts[0], "mismatch": mism[0] if mism else None}
+
+
+def _train_tokenizer(vocab_size: int, texts: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", model_max_length=512)
+
+
+def _corpus() -> list[str]:
+    texts = []
+    for d in (REPO / "datasets", REPO / "speclab" / "datasets"):
+        for p in sorted(d.glob("*.jsonl")):
+            texts.append(p.read_text(encoding="utf-8"))
+        if texts:
+            break
+    return texts or ["def f(x):\n    return x + 1\n", "The quick brown fox jumps over the lazy dog."] * 20
+
+
+def build_tiny_models(out: str | Path, seed: int = 0) -> dict[str, str]:
+    """A tiny random target, a draft that is the target plus noise (accepts often, not always), and a
+    model with a different tokenizer. Returns {'target', 'draft', 'mismatch'} -> directory."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out)
+    paths = {r: out / r for r in ("target", "draft", "mismatch")}
+    if all((p / "config.json").exists() for p in paths.values()):
+        return {k: str(v) for k, v in paths.items()}
+    texts = _corpus()
+    tok = _train_tokenizer(384, texts)
+    alt = _train_tokenizer(300, texts[::-1] + ["alt"])
+
+    def cfg(vocab):
+        return LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                           bos_token_id=0, eos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
+
+    torch.manual_seed(seed)
+    target = LlamaForCausalLM(cfg(len(tok)))
+    with torch.no_grad():  # sharper logits: a random model that prefers some tokens strongly
+        target.lm_head.weight.mul_(8.0)
+    draft = LlamaForCausalLM(cfg(len(tok)))
+    draft.load_state_dict(target.state_dict())
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.std() * 0.35)
+    mism = LlamaForCausalLM(cfg(len(alt)))
+    for name, model, t in (("target", target, tok), ("draft", draft, tok), ("mismatch", mism, alt)):
+        paths[name].mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(paths[name]), safe_serialization=True)
+        t.save_pretrained(str(paths[name]))
+    return {k: str(v) for k, v in paths.items()}
+
+
+def test_models(tmp_dir: str | Path) -> dict[str, str | None]:
+    """The family when shipped, else tiny random models built under ``tmp_dir``."""
+    fam = family_models()
+    if fam is not None:
+        return fam
+    return build_tiny_models(tmp_dir)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AppProcess:
+    """``python app.py ...`` in a subprocess on 127.0.0.1:<free port>."""
+
+    def __init__(self, args: list[str], env: dict | None = None, timeout: float = 180.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        e = dict(os.environ)
+        e.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                  "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+        e.update(env or {})
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"speclab-app-{self.port}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, str(REPO / "app.py"), "--port", str(self.port), *args],
+                                     cwd=str(REPO), env=e, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"app exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            self.close()
+            raise RuntimeError(f"app did not start in {timeout:.0f}s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()[-4000:]
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()

@@ -1,0 +1,443 @@
+"""The Gradio Blocks: Decode, Sweep and Timing tabs.
+
+Every handler catches :class:`speclab.errors.SpeclabError` (and any other exception) and shows one
+line in the page; the app keeps serving. Run state lives in ``gr.State`` (one per browser session),
+and a run's settings are frozen into a dataclass when it starts.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import os
+import tempfile
+import time
+import traceback
+
+import gradio as gr
+
+from .. import viz
+from ..errors import SpeclabError
+from . import core
+from .core import AppConfig
+
+log = logging.getLogger("speclab.app")
+
+try:  # Hugging Face ZeroGPU: a GPU is attached while a decorated function runs
+    import spaces  # type: ignore
+
+    def gpu(duration: int = 120):
+        return spaces.GPU(duration=duration)
+except ImportError:  # anywhere else: a no-op
+    def gpu(duration: int = 120):
+        return lambda fn: fn
+
+ALL_ROWS = "all rows"
+CSS = """
+.speclab-rowhead { font-size: 12px; color: #57606a; margin: 10px 0 2px 0; font-family: ui-sans-serif, system-ui; }
+.speclab-rows { max-height: 640px; overflow-y: auto; }
+.speclab-status { min-height: 1.5em; }
+.speclab-error { color: #cf222e; font-weight: 600; }
+.speclab-card.speedup .v { color: #0969da; }
+"""
+INTRO = """# speclab: speculative decoding, token by token
+A small **draft** proposes *k* tokens, the **target** checks them all in one forward pass and keeps the
+longest prefix it agrees with, then adds one token of its own. Output is exactly what the target alone would
+produce; the question is whether it comes faster."""
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _lenient(comp):
+    """Let out-of-range or off-list values sent through the API reach the handler, which validates
+    them itself and answers with a readable message (instead of Gradio's generic error)."""
+    orig = comp.preprocess
+
+    def preprocess(payload):
+        try:
+            return orig(payload)
+        except Exception:  # noqa: BLE001 - validated by the handler
+            return payload
+
+    comp.preprocess = preprocess
+    return comp
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, SpeclabError):
+        return str(e)
+    log.error("unexpected error in the app:\n%s", "".join(traceback.format_exception(e)))
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"internal error ({type(e).__name__}{': ' + msg[:200] if msg else ''}); the app keeps running"
+
+
+def _error_md(msg: str) -> str:
+    return f'<div class="speclab-error">⚠️ {html.escape(msg)}</div>'
+
+
+def _fmt(x, spec: str) -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def cards_html(m: dict | None, baseline: dict | None, phase: str) -> str:
+    m = m or {}
+    cards = [
+        ("acceptance rate", _fmt(m.get("acceptance_rate"), ".2f"), ""),
+        ("mean accepted length", _fmt(m.get("mean_accepted_length"), ".2f"), ""),
+        ("tokens/s", _fmt(m.get("tokens_per_s"), ".1f"), ""),
+        ("TTFT ms", _fmt(m.get("ttft_ms"), ".1f"), ""),
+        ("TPOT ms", _fmt(m.get("tpot_ms"), ".2f"), ""),
+    ]
+    if baseline is not None:
+        b = baseline.get("tokens_per_s")
+        sp = m.get("tokens_per_s") / b if b and m.get("tokens_per_s") else None
+        cards.append(("baseline tokens/s (k=0)", _fmt(b, ".1f"), ""))
+        cards.append(("speedup vs k=0", "–" if sp is None else f"{sp:.2f}×", "speedup"))
+    elif phase in ("speculative", "baseline"):
+        cards.append(("speedup vs k=0", "measuring…" if phase == "baseline" else "after the run", "speedup"))
+    inner = "".join(f'<div class="speclab-card {c}"><div class="v">{v}</div><div class="l">{l}</div></div>'
+                    for l, v, c in cards)
+    return viz.TOKEN_CSS + f'<div class="speclab-cards">{inner}</div>'
+
+
+def _clip(prompt: str, n: int = 400) -> str:
+    return prompt if len(prompt) <= n else "…" + prompt[-n:]
+
+
+def rows_html(view: dict | None, which: str = ALL_ROWS) -> str:
+    """Every row stacked (or one row): prompt in grey, then the tokens coloured by status."""
+    if not view or not view.get("tokens"):
+        return viz.TOKEN_CSS + '<div class="speclab-tokens speclab-empty">Run a prompt to see its tokens here.</div>'
+    parts = [viz.TOKEN_CSS, '<div class="speclab-rows">']
+    reasons = view.get("finish_reasons") or []
+    for b, toks in enumerate(view["tokens"]):
+        if which not in (None, ALL_ROWS, f"row {b}"):
+            continue
+        n = sum(1 for t in toks if t["status"] != "rejected")
+        rej = sum(1 for t in toks if t["status"] == "rejected")
+        why = f" · {reasons[b]}" if b < len(reasons) and reasons[b] else ""
+        parts.append(f'<div class="speclab-rowhead">row {b} · {n} tokens · {rej} rejected drafts{why}</div>')
+        prompt = view["prompts"][b] if b < len(view.get("prompts") or []) else None
+        parts.append(viz.tokens_html(toks, prompt=_clip(prompt) if prompt else None, css=False))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _status(view: core.RunView) -> str:
+    s = view.settings
+    what = f"**{s.draft}** k={s.k}" if s.speculative else "**baseline** (no draft)"
+    n = sum(sum(1 for t in r if t["status"] != "rejected") for r in view.tokens)
+    if view.phase == "speculative":
+        return f"⏳ decoding with {what}: round {view.round}, {n} tokens"
+    if view.phase == "baseline":
+        return f"⏳ {what} done ({n} tokens, {view.round} rounds); now the k = 0 baseline with the same settings…"
+    sp = view.speedup
+    tail = f"; speedup vs k=0: **{sp:.2f}×**" if sp is not None and s.speculative else ""
+    cancelled = " (cancelled)" if view.cancelled else ""
+    return f"✅ {what} on `{s.target}`, batch {s.batch}: {n} tokens in {view.round} rounds{tail}{cancelled}"
+
+
+def _row_choices(batch: int) -> list[str]:
+    return [ALL_ROWS] + [f"row {b}" for b in range(batch)]
+
+
+def _workload_examples() -> dict[str, list]:
+    try:
+        from ..workloads import list_workloads, load_workload
+
+        return {w: load_workload(w) for w in list_workloads()}
+    except Exception as e:  # noqa: BLE001 - the app still works with typed prompts
+        log.warning("no workloads: %s", e)
+        return {}
+
+
+def _example_choices(examples: dict, workload: str | None) -> list[tuple[str, str]]:
+    out = []
+    for p in examples.get(workload or "", []):
+        first = p.prompt.strip().splitlines()[0] if p.prompt.strip() else ""
+        out.append((f"{p.id}: {first[:60]}", p.id))
+    return out
+
+
+def _label(name: str) -> str:
+    if name in core.DRAFT_LABELS:
+        return core.DRAFT_LABELS[name]
+    return os.path.basename(os.path.normpath(name)) if os.path.isdir(name) else name
+
+
+# ------------------------------------------------------------------------------------ the Blocks
+def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
+    cfg = cfg or AppConfig.from_env()
+    examples = _workload_examples()
+    workloads = list(examples)
+    first_wl = workloads[0] if workloads else None
+    first_prompt = examples[first_wl][0].prompt if first_wl else "def fibonacci(n):\n"
+    custom = cfg.allow_custom_models
+    custom_info = " · or type a local directory / hub id" if custom else ""
+    target_choices = [(_label(t), t) for t in cfg.targets]
+    draft_choices = [(_label(d), d) for d in cfg.drafts]
+
+    with gr.Blocks(title="speclab: speculative decoding lab") as demo:
+        gr.Markdown(INTRO)
+        if not cfg.targets:
+            gr.Markdown(_error_md("No target model: the embedded family is not trained yet. Start the app with "
+                                  "--target PATH (or set SPECLAB_TARGET)."))
+        with gr.Tabs():
+            # ============================================================ Decode
+            with gr.Tab("Decode", id="decode"):
+                with gr.Row():
+                    with gr.Column(scale=3):
+                        with gr.Row():
+                            workload = gr.Dropdown(workloads, value=first_wl, label="examples from workload",
+                                                   scale=1)
+                            example = gr.Dropdown(_example_choices(examples, first_wl), value=None,
+                                                  label="example prompt", scale=2)
+                        prompt = gr.Textbox(first_prompt, label="prompt", lines=6, max_lines=16,
+                                            elem_id="prompt")
+                        with gr.Row():
+                            run_btn = gr.Button("Run", variant="primary", elem_id="run")
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                            auto = gr.Checkbox(True, label="re-run when a control changes")
+                    with gr.Column(scale=2):
+                        with gr.Row():
+                            target = _lenient(gr.Dropdown(target_choices, value=cfg.default_target, label="target",
+                                                          allow_custom_value=custom, info="the model whose output "
+                                                          "is reproduced exactly" + custom_info))
+                            draft = _lenient(gr.Dropdown(draft_choices, value=cfg.default_draft, label="draft",
+                                                         allow_custom_value=custom, info="embedded drafts, ngram "
+                                                         "prompt lookup, or none" + custom_info))
+                        k = _lenient(gr.Slider(0, core.MAX_K, value=4, step=1, label="k (draft tokens per round)"))
+                        batch = _lenient(gr.Slider(1, core.MAX_BATCH, value=1, step=1, label="batch size"))
+                        fill = gr.Radio([core.FILL_WORKLOAD, core.FILL_COPIES], value=core.FILL_WORKLOAD,
+                                        label="rows after the first (batch > 1)")
+                        with gr.Accordion("sampling", open=False):
+                            temperature = _lenient(gr.Slider(0, core.MAX_TEMPERATURE, value=0.0, step=0.05,
+                                                             label="temperature (0 = greedy)"))
+                            top_p = _lenient(gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p"))
+                            max_new = _lenient(gr.Slider(1, core.MAX_NEW_TOKENS, value=64, step=1,
+                                                         label="max new tokens"))
+                            seed = _lenient(gr.Number(0, label="seed", precision=0, minimum=0))
+                            pace = _lenient(gr.Slider(0, 500, value=0, step=10,
+                                                      label="pause per round (ms, to watch rounds arrive)"))
+                status = gr.Markdown("", label="status", elem_classes="speclab-status", elem_id="decode-status")
+                cards = gr.HTML(cards_html(None, None, ""), label="metrics", elem_id="cards")
+                with gr.Row():
+                    gr.HTML(viz.TOKEN_CSS + viz.legend_html() + '<div class="speclab-rowhead">hover a token: '
+                            'draft & target probability, round</div>')
+                    rows = gr.Dropdown(_row_choices(1), value=ALL_ROWS, label="show", scale=0, min_width=160)
+                tokens = gr.HTML(rows_html(None), label="tokens", elem_id="tokens")
+                with gr.Accordion("raw result (JSON, as returned by the API)", open=False):
+                    result = gr.JSON(label="result")
+                state = gr.State(None)
+
+                decode_inputs = [prompt, target, draft, k, batch, fill, workload, temperature, top_p, max_new, seed,
+                                 pace, rows]
+                decode_outputs = [status, cards, tokens, result, state, rows]
+
+                @gpu(180)
+                def _decode(prompt_, target_, draft_, k_, batch_, fill_, workload_, temp_, top_p_, max_new_,
+                            seed_, pace_, rows_, auto_run=False):
+                    try:
+                        s = core.validate_decode(cfg, prompt_, target_, draft_, k_, batch_, temp_, top_p_,
+                                                 max_new_, seed_, fill_, workload_, pace_)
+                    except SpeclabError as e:
+                        if auto_run:  # a control moved with no valid run to redo: stay quiet
+                            yield tuple(gr.skip() for _ in decode_outputs)
+                            return
+                        gr.Warning(str(e))
+                        yield (_error_md(str(e)), gr.skip(), gr.skip(), {"error": str(e)}, gr.skip(), gr.skip())
+                        return
+                    which = rows_ if rows_ in _row_choices(s.batch) else ALL_ROWS
+                    row_update = gr.update(choices=_row_choices(s.batch), value=which)
+                    yield (f"⏳ loading `{s.target}`" + (f" and `{s.draft}`" if s.speculative else "") + "…",
+                           cards_html(None, None, "speculative"), gr.skip(), gr.skip(), gr.skip(), row_update)
+                    view = None
+                    try:
+                        for view in core.run_decode(cfg, s):
+                            d = view.to_dict()
+                            done = view.phase == "done"
+                            yield (_status(view), cards_html(view.metrics, view.baseline, view.phase),
+                                   gr.skip() if view.phase == "baseline" else rows_html(d, which),
+                                   d if done else gr.skip(), d if done else gr.skip(), gr.skip())
+                    except Exception as e:  # noqa: BLE001 - one line in the page, never a traceback
+                        msg = _one_line(e)
+                        gr.Warning(msg)
+                        yield (_error_md(msg), gr.skip(), gr.skip(), {"error": msg}, gr.skip(), gr.skip())
+
+                def _decode_auto(*args):
+                    yield from _decode(*args, auto_run=True)
+
+                def _decode_auto_gated(*args):
+                    *rest, auto_ = args
+                    if not auto_:
+                        yield tuple(gr.skip() for _ in decode_outputs)
+                        return
+                    yield from _decode_auto(*rest)
+
+                run_ev = gr.on([run_btn.click, prompt.submit], _decode, decode_inputs, decode_outputs,
+                               api_name="decode", trigger_mode="always_last", concurrency_id="decode",
+                               show_progress="minimal")
+                auto_ev = gr.on([k.release, batch.release, temperature.release, top_p.release, max_new.release,
+                                 pace.release, seed.submit, draft.input, target.input, fill.input],
+                                _decode_auto_gated, decode_inputs + [auto], decode_outputs,
+                                api_visibility="private", trigger_mode="always_last", concurrency_id="decode",
+                                show_progress="minimal")
+                stop_btn.click(None, None, None, cancels=[run_ev, auto_ev], api_visibility="private")
+
+                def _pick_workload(w):
+                    return gr.update(choices=_example_choices(examples, w), value=None)
+
+                def _pick_example(w, ex):
+                    for p in examples.get(w or "", []):
+                        if p.id == ex:
+                            return p.prompt
+                    return gr.skip()
+
+                workload.input(_pick_workload, workload, example, api_visibility="private")
+                ex_ev = example.input(_pick_example, [workload, example], prompt, api_visibility="private")
+                ex_run = ex_ev.then(_decode_auto_gated, decode_inputs + [auto], decode_outputs,
+                                    api_visibility="private", trigger_mode="always_last", concurrency_id="decode",
+                                    show_progress="minimal")
+                stop_btn.click(None, None, None, cancels=[ex_run], api_visibility="private")
+
+                def _show_rows(view, which):
+                    return rows_html(view, which)
+
+                rows.input(_show_rows, [state, rows], tokens, api_visibility="private")
+
+            # ============================================================ Sweep
+            with gr.Tab("Sweep", id="sweep"):
+                gr.Markdown("Every cell runs the same prompts with and without speculation (the k = 0 baseline is "
+                            "measured in the same sweep); speedup = tokens/s ÷ baseline tokens/s.")
+                with gr.Row():
+                    sw_target = _lenient(gr.Dropdown(target_choices, value=cfg.default_target, label="target",
+                                                     allow_custom_value=custom))
+                    sw_wl = _lenient(gr.CheckboxGroup(workloads, value=workloads[:2], label="workloads"))
+                    sw_drafts = _lenient(gr.CheckboxGroup(
+                        [c for c in draft_choices if c[1] != "none"],
+                        value=[d for d in (cfg.default_draft, "ngram") if d != "none"][:2], label="drafts"))
+                with gr.Row():
+                    sw_ks = _lenient(gr.CheckboxGroup(core.SWEEP_KS, value=[2, 4, 8], label="k values"))
+                    sw_batches = _lenient(gr.CheckboxGroup(core.SWEEP_BATCHES, value=[1, 4], label="batch sizes"))
+                with gr.Row():
+                    sw_prompts = _lenient(gr.Slider(1, 32, value=4, step=1, label="prompts per workload"))
+                    sw_max_new = _lenient(gr.Slider(1, 128, value=32, step=1, label="max new tokens"))
+                    sw_temp = _lenient(gr.Slider(0, core.MAX_TEMPERATURE, value=0.0, step=0.05, label="temperature"))
+                with gr.Row():
+                    sw_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
+                    sw_stop = gr.Button("Stop", variant="stop")
+                sw_status = gr.Markdown("", label="status", elem_classes="speclab-status", elem_id="sweep-status")
+                with gr.Row():
+                    p_acc = gr.Plot(label="acceptance vs throughput", elem_id="plot-acc")
+                    p_k = gr.Plot(label="speedup vs k", elem_id="plot-k")
+                with gr.Row():
+                    p_batch = gr.Plot(label="speedup vs batch size", elem_id="plot-batch")
+                    p_pos = gr.Plot(label="per-position acceptance", elem_id="plot-pos")
+                sw_table = gr.Dataframe(label="results", interactive=False, wrap=True)
+                sw_cross = gr.Dataframe(label="crossover batch (smallest batch where speculation stops paying)",
+                                        interactive=False)
+                sw_csv = gr.File(label="download the table (CSV)", interactive=False)
+
+                sweep_inputs = [sw_target, sw_wl, sw_drafts, sw_ks, sw_batches, sw_prompts, sw_max_new, sw_temp]
+                sweep_outputs = [sw_status, p_acc, p_k, p_batch, p_pos, sw_table, sw_cross, sw_csv]
+
+                @gpu(600)
+                def _sweep(target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_,
+                           progress=gr.Progress()):
+                    skip = tuple(gr.skip() for _ in sweep_outputs[1:])
+                    try:
+                        s = core.validate_sweep(cfg, target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_)
+                    except SpeclabError as e:
+                        gr.Warning(str(e))
+                        yield (_error_md(str(e)),) + skip
+                        return
+                    job = core.SweepJob(cfg, s).start()
+                    try:
+                        t0 = time.perf_counter()
+                        while not job.wait(0.5):
+                            progress(job.progress, desc=job.desc)
+                            yield (f"⏳ {job.desc} ({job.progress:.0%}, {time.perf_counter() - t0:.0f} s)",) + skip
+                    finally:
+                        job.cancel()  # closed (Stop, page left): stop after the current cell
+                    if job.error is not None:
+                        msg = _one_line(job.error)
+                        gr.Warning(msg)
+                        yield (_error_md(msg),) + skip
+                        return
+                    try:
+                        yield _sweep_outputs(job.df, s, time.perf_counter() - t0)
+                    except Exception as e:  # noqa: BLE001
+                        msg = _one_line(e)
+                        yield (_error_md(msg),) + skip
+
+                sw_ev = sw_btn.click(_sweep, sweep_inputs, sweep_outputs, api_name="sweep", concurrency_limit=1,
+                                     concurrency_id="sweep")
+                sw_stop.click(None, None, None, cancels=[sw_ev], api_visibility="private")
+
+            # ============================================================ Timing
+            with gr.Tab("Timing", id="timing"):
+                gr.Markdown("The same prompt decoded twice, without and with speculation. Speculation delivers "
+                            "tokens in **bursts** (all tokens of a round arrive together, then a longer pause); "
+                            "time to first token is the prefill either way.")
+                with gr.Row():
+                    tm_prompt = gr.Textbox(first_prompt, label="prompt", lines=4, scale=3)
+                    with gr.Column(scale=2):
+                        tm_target = _lenient(gr.Dropdown(target_choices, value=cfg.default_target, label="target",
+                                                         allow_custom_value=custom))
+                        tm_draft = _lenient(gr.Dropdown([c for c in draft_choices if c[1] != "none"],
+                                                        value=cfg.default_draft if cfg.default_draft != "none"
+                                                        else "ngram", label="draft", allow_custom_value=custom))
+                        tm_k = _lenient(gr.Slider(1, core.MAX_K, value=4, step=1, label="k"))
+                        tm_max_new = _lenient(gr.Slider(1, core.MAX_NEW_TOKENS, value=64, step=1,
+                                                        label="max new tokens"))
+                tm_btn = gr.Button("Compare timing", variant="primary", elem_id="timing-run")
+                tm_status = gr.Markdown("", label="status", elem_classes="speclab-status", elem_id="timing-status")
+                tm_gaps = gr.Plot(label="inter-token gaps", elem_id="plot-gaps")
+                with gr.Row():
+                    tm_cum = gr.Plot(label="tokens over time", elem_id="plot-cum")
+                    tm_ttft = gr.Plot(label="time to first token", elem_id="plot-ttft")
+                tm_table = gr.Dataframe(label="summary", interactive=False)
+
+                @gpu(120)
+                def _timing(prompt_, target_, draft_, k_, max_new_):
+                    skip = (gr.skip(),) * 4
+                    try:
+                        s = core.validate_decode(cfg, prompt_, target_, draft_, k_, 1, 0.0, 1.0, max_new_, 0)
+                        if not s.speculative:
+                            raise SpeclabError("pick a draft and k >= 1 to compare against the baseline")
+                        r = core.run_timing(cfg, s)
+                    except Exception as e:  # noqa: BLE001
+                        msg = _one_line(e)
+                        gr.Warning(msg)
+                        return (_error_md(msg),) + skip
+                    ttft = r["ttft"].round(3)
+                    m = {name: v for name, v in r["metrics"].items()}
+                    names = list(m)
+                    sp = ""
+                    if len(names) == 2 and m[names[0]]["tokens_per_s"]:
+                        sp = f"; speedup {m[names[1]]['tokens_per_s'] / m[names[0]]['tokens_per_s']:.2f}×"
+                    msg = (f"✅ {len(r['gaps']) // max(len(names), 1)} tokens per method{sp}. Gaps of ~0 ms are tokens that arrived in the "
+                           f"same round as the previous one.")
+                    return (msg, viz.gaps_chart(r["gaps"]), viz.cumulative_tokens_chart(r["gaps"]),
+                            viz.ttft_chart(r["ttft"]), ttft)
+
+                tm_btn.click(_timing, [tm_prompt, tm_target, tm_draft, tm_k, tm_max_new],
+                             [tm_status, tm_gaps, tm_cum, tm_ttft, tm_table], api_name="timing",
+                             concurrency_id="decode")
+    return demo
+
+
+def _sweep_outputs(df, s: core.SweepSettings, seconds: float):
+    from ..sweep import crossover_batch
+
+    if df is None or not len(df):
+        return (_error_md("the sweep was cancelled before any cell finished"),) + (gr.skip(),) * 7
+    table = core.sweep_table(df)
+    cross = crossover_batch(df)
+    path = os.path.join(tempfile.mkdtemp(prefix="speclab-sweep-"), "speclab_sweep.csv")
+    table.to_csv(path, index=False)
+    n_spec = int((df["k"] > 0).sum())
+    msg = f"✅ {len(df)} cells ({n_spec} speculative, {len(df) - n_spec} baselines) in {seconds:.1f} s"
+    if len(df) < s.cells:
+        msg += f" (stopped early: {s.cells - len(df)} cells not run)"
+    return (msg, viz.acceptance_vs_throughput(df), viz.speedup_vs_k(df), viz.speedup_vs_batch(df, cross),
+            viz.per_position_chart(df), table, cross if len(cross) else None, path)
