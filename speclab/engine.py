@@ -46,6 +46,19 @@ class GenerationResult:
         return {"text": self.texts, "tokens": self.tokens, "metrics": self.metrics}
 
 
+def _rejection_impl(device: torch.device):
+    """The fused Triton kernel on CUDA when Triton is installed, else the pure PyTorch reference."""
+    if device.type == "cuda":
+        try:
+            from kernels import fused_rejection_sample, triton_available
+
+            if triton_available(device):
+                return fused_rejection_sample
+        except ImportError:
+            pass
+    return rejection_sample
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -148,6 +161,7 @@ class SpeculativeDecoder:
         run_id = next(_run_ids)
         plen = [len(p) for p in prompt_ids]
         max_len = max(context_needed(n, max_new_tokens, k) for n in plen)
+        reject = _rejection_impl(dev)
         rng = None if params.greedy else RowRNG([(seed or 0) + b for b in range(B)], dev)
 
         buf = torch.zeros(B, max_len, dtype=torch.long, device=dev)  # (B, S) all tokens per row
@@ -247,7 +261,7 @@ class SpeculativeDecoder:
                     tprobs = logits.float().softmax(-1) if active else None
                 else:
                     tprobs = logits_to_probs(logits, params)  # (B, kk+1, V)
-                    res = rejection_sample(d_tokens, prop.probs if prop is not None else None, tprobs, num_draft,
+                    res = reject(d_tokens, prop.probs if prop is not None else None, tprobs, num_draft,
                                            u_draft[:, k_r:k_r + kk] if kk else u_draft[:, :0], u_draft[:, -1])
                 # the round's tokens, written at each row's own positions (junk past the new length
                 # is harmless: it is beyond every row's length and gets overwritten)

@@ -1,0 +1,133 @@
+"""The acceptance step fused into one Triton kernel: one program per row computes the
+target/draft ratios at the drafted tokens, compares them with the uniform draws, finds the first
+rejection, builds the residual max(target - draft, 0) (or takes the target's bonus distribution)
+and samples from it by inverse CDF with the row's last uniform draw.
+
+Reference: :func:`speclab.acceptance.rejection_sample` (same inputs, same outputs). The kernel
+reads each row's probabilities once per vocabulary block and writes two integers; the reference
+materialises a (B, V) residual. Used by the decoder on CUDA when Triton is installed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # Triton is optional: CUDA machines have it, CPU machines may not
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except Exception:  # noqa: BLE001
+    HAVE_TRITON = False
+
+
+def triton_available(device: torch.device | str) -> bool:
+    """Can the kernel run for tensors on this device? (CUDA, or the interpreter on the CPU.)"""
+    if not HAVE_TRITON:
+        return False
+    dev = torch.device(device)
+    return dev.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _rejection_kernel(
+        draft_tokens_ptr, draft_probs_ptr, target_probs_ptr, num_draft_ptr, u_accept_ptr, u_next_ptr,
+        out_n_ptr, out_tok_ptr,
+        K, V, eps,
+        HAS_DRAFT_PROBS: tl.constexpr, BLOCK_V: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        nd = tl.load(num_draft_ptr + b)
+        # ---- first rejection: n = number of leading accepted drafts
+        n = 0
+        accepting = 1
+        for i in range(0, K):
+            d = tl.load(draft_tokens_ptr + b * K + i)
+            d = tl.maximum(d, 0)
+            pt = tl.load(target_probs_ptr + (b * (K + 1) + i) * V + d)
+            if HAS_DRAFT_PROBS:
+                pd = tl.load(draft_probs_ptr + (b * K + i) * V + d)
+            else:
+                pd = 1.0
+            u = tl.load(u_accept_ptr + b * K + i)
+            keep = (u * pd < pt) & (i < nd)
+            accepting = accepting * keep.to(tl.int32)
+            n += accepting
+        rejected = n < nd
+        rej_f = rejected.to(tl.float32)  # 1.0 when the row rejected a draft
+        slot = tl.minimum(n, K - 1)
+        slot = tl.maximum(slot, 0)
+        d_rej = tl.maximum(tl.load(draft_tokens_ptr + b * K + slot), 0)
+        t_row = target_probs_ptr + (b * (K + 1) + n) * V
+        d_row = draft_probs_ptr + (b * K + slot) * V
+        # ---- pass 1: residual mass
+        mass = 0.0
+        for v0 in range(0, V, BLOCK_V):
+            offs = v0 + tl.arange(0, BLOCK_V)
+            m = offs < V
+            t = tl.load(t_row + offs, mask=m, other=0.0)
+            if HAS_DRAFT_PROBS:
+                q = tl.load(d_row + offs, mask=m, other=0.0) * rej_f
+            else:
+                q = tl.where(offs == d_rej, 1.0, 0.0) * rej_f
+            mass += tl.sum(tl.maximum(t - q, 0.0), axis=0)
+        use_residual = rejected & (mass > eps)
+        res_f = use_residual.to(tl.float32)
+        # ---- pass 2: total of the chosen distribution, then inverse CDF
+        total = 0.0
+        for v0 in range(0, V, BLOCK_V):
+            offs = v0 + tl.arange(0, BLOCK_V)
+            m = offs < V
+            t = tl.load(t_row + offs, mask=m, other=0.0)
+            if HAS_DRAFT_PROBS:
+                q = tl.load(d_row + offs, mask=m, other=0.0)
+            else:
+                q = tl.where(offs == d_rej, 1.0, 0.0)
+            # residual when the row rejected (and it has mass), else the target itself
+            total += tl.sum(res_f * tl.maximum(t - q, 0.0) + (1.0 - res_f) * t, axis=0)
+        goal = tl.load(u_next_ptr + b) * total
+        prefix = 0.0
+        found = V - 1
+        for v0 in range(0, V, BLOCK_V):
+            offs = v0 + tl.arange(0, BLOCK_V)
+            m = offs < V
+            t = tl.load(t_row + offs, mask=m, other=0.0)
+            if HAS_DRAFT_PROBS:
+                q = tl.load(d_row + offs, mask=m, other=0.0)
+            else:
+                q = tl.where(offs == d_rej, 1.0, 0.0)
+            p = res_f * tl.maximum(t - q, 0.0) + (1.0 - res_f) * t
+            c = prefix + tl.cumsum(p, axis=0)
+            hit = (c > goal) & m
+            first = tl.min(tl.where(hit, offs, V), axis=0)
+            found = tl.minimum(found, first)
+            prefix += tl.sum(p, axis=0)
+        tl.store(out_n_ptr + b, n)
+        tl.store(out_tok_ptr + b, found)
+
+
+def fused_rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next,
+                           block_v: int | None = None):
+    """Same contract as :func:`speclab.acceptance.rejection_sample`; falls back to it without Triton."""
+    from speclab.acceptance import RESIDUAL_EPS, AcceptResult, rejection_sample
+
+    if not triton_available(target_probs.device):
+        return rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next)
+    B, K = draft_tokens.shape
+    V = target_probs.shape[-1]
+    if block_v is None:
+        block_v = min(triton.next_power_of_2(V), 4096)
+    out_n = torch.empty(B, dtype=torch.int64, device=target_probs.device)
+    out_tok = torch.empty(B, dtype=torch.int64, device=target_probs.device)
+    tp = target_probs.float().contiguous()
+    dp = draft_probs.float().contiguous() if draft_probs is not None and K > 0 else tp  # unused when absent
+    dt = draft_tokens.contiguous() if K > 0 else torch.zeros(B, 1, dtype=torch.long, device=tp.device)
+    ua = uniform_accept.float().contiguous() if K > 0 else torch.zeros(B, 1, device=tp.device)
+    _rejection_kernel[(B,)](dt, dp, tp, num_draft.contiguous(), ua, uniform_next.float().contiguous(),
+                            out_n, out_tok, K, V, RESIDUAL_EPS,
+                            HAS_DRAFT_PROBS=draft_probs is not None and K > 0, BLOCK_V=block_v)
+    return AcceptResult(out_n, out_tok, out_n == num_draft)
