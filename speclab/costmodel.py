@@ -23,7 +23,7 @@ import math
 import time
 
 __all__ = ["expected_tokens_per_round", "expected_speedup", "best_k", "speedup_curve", "time_forward",
-           "cost_ratio"]
+           "cost_ratio", "verify_costs"]
 
 
 def _check(a: float, k: int | None = None, c: float | None = None) -> None:
@@ -53,17 +53,28 @@ def expected_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
     return expected_tokens_per_round(a, k) / (k * c + v)
 
 
+def _v_at(v, k: int) -> float:
+    """Verify cost at k: None -> 1 (the paper), a number, a callable v(k) or a mapping {k: v}."""
+    if v is None:
+        return 1.0
+    if callable(v):
+        return float(v(k))
+    if hasattr(v, "__getitem__") and not isinstance(v, (str, bytes)):
+        return float(v[k])
+    return float(v)
+
+
 def best_k(a: float, c: float, k_max: int = 16, v: float | None = None) -> int:
     """The k in 0..k_max that maximises :func:`expected_speedup` (0: do not speculate).
 
-    ``v`` may be a number or a callable ``v(k)`` (measured verify cost of k+1 positions); default 1.
+    ``v`` may be a number, a callable ``v(k)`` or a mapping ``{k: v}`` (measured verify cost of k+1
+    positions, in target steps); default 1.
     Ties go to the smaller k (fewer wasted draft steps).
     """
     _check(a, None, c)
     best, best_s = 0, -1.0
     for k in range(0, int(k_max) + 1):
-        vk = 1.0 if v is None else (v(k) if callable(v) else float(v))
-        s = expected_speedup(a, k, c, vk) if k > 0 else 1.0
+        s = expected_speedup(a, k, c, _v_at(v, k)) if k > 0 else 1.0
         if s > best_s + 1e-12:
             best, best_s = k, s
     return best
@@ -73,9 +84,8 @@ def speedup_curve(a: float, c: float, ks, v=None) -> list[dict]:
     """Rows {k, expected_tokens_per_round, expected_speedup} for plotting against measurements."""
     out = []
     for k in ks:
-        vk = 1.0 if v is None else (v(k) if callable(v) else float(v))
         out.append(dict(k=int(k), expected_tokens_per_round=expected_tokens_per_round(a, k),
-                        expected_speedup=expected_speedup(a, k, c, vk) if k > 0 else 1.0))
+                        expected_speedup=expected_speedup(a, k, c, _v_at(v, k)) if k > 0 else 1.0))
     return out
 
 
@@ -117,6 +127,27 @@ def time_forward(lm, batch: int = 1, context: int = 64, tokens: int = 1, steps: 
     return statistics.median(results)
 
 
-def cost_ratio(draft_lm, target_lm, batch: int = 1, context: int = 64, steps: int = 20) -> float:
-    """c = draft decode-step time / target decode-step time, measured here."""
-    return time_forward(draft_lm, batch, context, 1, steps) / time_forward(target_lm, batch, context, 1, steps)
+def cost_ratio(draft_lm, target_lm, batch: int = 1, context: int = 64, steps: int = 20, repeats: int = 3) -> float:
+    """c = draft decode-step time / target decode-step time, measured here. The two are timed
+    back to back, ``repeats`` times, and the median ratio is returned (robust to a busy machine)."""
+    import statistics
+
+    ratios = []
+    for _ in range(repeats):
+        t_d = time_forward(draft_lm, batch, context, 1, steps, repeats=1)
+        t_t = time_forward(target_lm, batch, context, 1, steps, repeats=1)
+        ratios.append(t_d / t_t)
+    return statistics.median(ratios)
+
+
+def verify_costs(lm, ks, batch: int = 1, context: int = 64, steps: int = 20, repeats: int = 3) -> dict[int, float]:
+    """v(k) = time of one forward over k+1 positions / time of a one-token step, for each k in ``ks``
+    (v(0) = 1). Each ratio is timed back to back and the median over ``repeats`` is returned."""
+    import statistics
+
+    ratios: dict[int, list[float]] = {int(k): [] for k in ks}
+    for _ in range(repeats):
+        for k in ratios:
+            one = time_forward(lm, batch, context, 1, steps, repeats=1)
+            ratios[k].append(time_forward(lm, batch, context, k + 1, steps, repeats=1) / one if k else 1.0)
+    return {k: statistics.median(r) for k, r in ratios.items()}

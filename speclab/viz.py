@@ -200,7 +200,7 @@ def policy_throughput_chart(df):
         x=alt.X("batch:Q", title="batch size", scale=alt.Scale(type="log", base=2)),
         y=alt.Y("tokens_per_s:Q", title="tokens/s (all rows)"),
         color=alt.Color("policy:N", title="policy"),
-        strokeDash=alt.StrokeDash("policy:N", legend=None),
+        strokeDash=alt.StrokeDash("policy:N", title="policy"),
         tooltip=["policy", "batch", "k", alt.Tooltip("tokens_per_s:Q", format=".1f")],
     ).properties(width=360, height=220, title="throughput under load: always speculate vs turn it off")
 

@@ -44,6 +44,9 @@ def test_best_k_hand_values():
     assert best_k(0.0, 0.01) == 0
     # a callable verify cost that grows with k pulls the optimum down
     assert best_k(0.8, 0.05, k_max=16, v=lambda k: 1 + 0.1 * k) < 8
+    # the same as a mapping {k: v}; a = 0.5, c = 0.1, v = 1 + 0.5 k:
+    # k=1: 1.5 / (0.1 + 1.5) = 0.9375 < 1 -> k=2: 1.75 / 2.2 = 0.795 -> do not speculate
+    assert best_k(0.5, 0.1, k_max=4, v={k: 1 + 0.5 * k for k in range(5)}) == 0
 
 
 def test_curve_and_validation():
@@ -52,6 +55,9 @@ def test_curve_and_validation():
     assert rows[0]["expected_speedup"] == 1.0
     assert rows[2]["expected_speedup"] == pytest.approx(1.75 / 1.2)
     assert math.isclose(rows[1]["expected_tokens_per_round"], 1.5)
+    # verify costs as a mapping: a = 0.5, c = 0.1, k = 2, v = 1.5 -> 1.75 / 1.7
+    rows_v = speedup_curve(0.5, 0.1, [2], v={2: 1.5})
+    assert rows_v[0]["expected_speedup"] == pytest.approx(1.75 / 1.7)
     with pytest.raises(ValueError):
         expected_speedup(1.5, 2, 0.1)
     with pytest.raises(ValueError):
