@@ -22,8 +22,15 @@ from __future__ import annotations
 import math
 import time
 
-__all__ = ["expected_tokens_per_round", "expected_speedup", "best_k", "speedup_curve", "time_forward",
-           "cost_ratio", "verify_costs"]
+__all__ = [
+    "best_k",
+    "cost_ratio",
+    "expected_speedup",
+    "expected_tokens_per_round",
+    "speedup_curve",
+    "time_forward",
+    "verify_costs",
+]
 
 
 def _check(a: float, k: int | None = None, c: float | None = None) -> None:
@@ -73,7 +80,7 @@ def best_k(a: float, c: float, k_max: int = 16, v: float | None = None) -> int:
     """
     _check(a, None, c)
     best, best_s = 0, -1.0
-    for k in range(0, int(k_max) + 1):
+    for k in range(int(k_max) + 1):
         s = expected_speedup(a, k, c, _v_at(v, k)) if k > 0 else 1.0
         if s > best_s + 1e-12:
             best, best_s = k, s
@@ -84,8 +91,8 @@ def speedup_curve(a: float, c: float, ks, v=None) -> list[dict]:
     """Rows {k, expected_tokens_per_round, expected_speedup} for plotting against measurements."""
     out = []
     for k in ks:
-        out.append(dict(k=int(k), expected_tokens_per_round=expected_tokens_per_round(a, k),
-                        expected_speedup=expected_speedup(a, k, c, _v_at(v, k)) if k > 0 else 1.0))
+        out.append({"k": int(k), "expected_tokens_per_round": expected_tokens_per_round(a, k),
+                    "expected_speedup": expected_speedup(a, k, c, _v_at(v, k)) if k > 0 else 1.0})
     return out
 
 
@@ -147,7 +154,7 @@ def verify_costs(lm, ks, batch: int = 1, context: int = 64, steps: int = 20, rep
 
     ratios: dict[int, list[float]] = {int(k): [] for k in ks}
     for _ in range(repeats):
-        for k in ratios:
+        for k, r in ratios.items():
             one = time_forward(lm, batch, context, 1, steps, repeats=1)
-            ratios[k].append(time_forward(lm, batch, context, k + 1, steps, repeats=1) / one if k else 1.0)
+            r.append(time_forward(lm, batch, context, k + 1, steps, repeats=1) / one if k else 1.0)
     return {k: statistics.median(r) for k, r in ratios.items()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["setting", "is_small", "family_available", "make_tiny_family", "setup_torch"]
+__all__ = ["family_available", "is_small", "make_tiny_family", "setting", "setup_torch"]
 
 PREFIX = "SPECLAB_NB_"
 EMBED_SCALE = 1.0

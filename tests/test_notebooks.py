@@ -1,0 +1,116 @@
+"""The notebooks in notebooks/: committed clean, and each runs top to bottom (small parameters).
+
+The slow test executes every notebook with nbclient in a ``python3`` kernel that is pinned to this
+interpreter (a temporary kernelspec put first on JUPYTER_PATH), so CI needs no
+``ipykernel install`` step. When the embedded family has no trained weights, a tiny random family
+is built and passed in through the SPECLAB_NB_* parameters. SPECLAB_NB_TEST_TINY=1 forces that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+
+NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
+EXPECTED = ["01_first_look", "02_acceptance_by_workload", "03_batch_and_load", "04_cost_model"]
+
+
+def test_the_four_notebooks_exist():
+    assert [p.stem for p in NOTEBOOKS] == EXPECTED
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{path.name} cell {i} has outputs: clear them before committing"
+            assert cell.execution_count is None, f"{path.name} cell {i} has an execution count"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_structure(path):
+    nb = nbformat.read(path, as_version=4)
+    first, last = nb.cells[0], nb.cells[-1]
+    assert first.cell_type == "markdown" and "**Question:**" in first.source
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and "setting(" in params[0].source
+    # the closing cell computes its conclusions from the run: f-strings, not typed-in numbers
+    assert last.cell_type == "code" and "print(f" in last.source
+    assert any("enable_offline_altair" in c.source for c in nb.cells if c.cell_type == "code")
+
+
+# ------------------------------------------------------------------------------------------ execution
+
+
+@pytest.fixture(scope="session")
+def notebook_env(tmp_path_factory):
+    """Env vars for a small run: SPECLAB_NB_SMALL=1, one torch thread, and the models to use."""
+    from speclab.family import DEFAULT_DRAFT, DEFAULT_TARGET
+    from speclab.nb import family_available, make_tiny_family
+
+    env = {"SPECLAB_NB_SMALL": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if os.environ.get("SPECLAB_NB_TEST_TINY") == "1" or not family_available(DEFAULT_TARGET, DEFAULT_DRAFT):
+        d = make_tiny_family(tmp_path_factory.mktemp("nb_models"))
+        env.update(SPECLAB_NB_TARGET=d["tiny-target"], SPECLAB_NB_DRAFT=d["tiny-draft"],
+                   SPECLAB_NB_DRAFTS=f"{d['tiny-draft']},ngram")
+    # a python3 kernelspec that runs *this* interpreter (the venv with speclab), first on the path
+    kdir = tmp_path_factory.mktemp("jupyter") / "kernels" / "python3"
+    kdir.mkdir(parents=True)
+    (kdir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (speclab tests)", "language": "python"}))
+    env["JUPYTER_PATH"] = os.pathsep.join([str(kdir.parents[1]), os.environ.get("JUPYTER_PATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def _outputs(nb):
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            yield cell, o
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs(path, notebook_env, monkeypatch):
+    pytest.importorskip("nbclient")
+    from jupyter_client.kernelspec import KernelSpecManager
+    from nbclient import NotebookClient
+
+    for k, v in notebook_env.items():
+        monkeypatch.setenv(k, v)
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    assert spec.argv[0] == sys.executable, spec.argv  # the kernel is this venv's interpreter
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NB_DIR)}})
+    t = time.perf_counter()
+    client.execute()  # raises CellExecutionError on the first failing cell
+    took = time.perf_counter() - t
+    print(f"{path.name}: {took:.1f} s")
+
+    errors = [o for _, o in _outputs(nb) if o.get("output_type") == "error"]
+    assert not errors
+    mimes = {m for _, o in _outputs(nb) for m in o.get("data", {})}
+    if path.stem == "01_first_look":
+        html = "".join(o["data"]["text/html"] for _, o in _outputs(nb) if "text/html" in o.get("data", {}))
+        assert 'class="speclab-tokens"' in html and 'data-status="' in html
+        assert "application/vnd.jupyter.widget-view+json" in mimes  # the live controls
+    # charts render offline: static SVG from vl-convert, no CDN-loading HTML
+    assert "image/svg+xml" in mimes
+    html_all = "".join(str(o.get("data", {}).get("text/html", "")) for _, o in _outputs(nb))
+    assert "cdn.jsdelivr.net" not in html_all
+    # the closing cell printed its conclusions
+    last = nb.cells[-1]
+    printed = "".join(o.get("text", "") for o in last.outputs if o.get("output_type") == "stream")
+    assert printed.strip(), "the last cell printed nothing"
