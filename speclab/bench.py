@@ -189,9 +189,9 @@ def run_compare(args) -> int:
     M = Methods(target, draft, args.max_new_tokens)
     plan = [("hf-plain", M.hf_plain, 0), ("speclab-plain", M.sl_plain, 0)]
     for k in ks:
-        plan += [(f"hf-assisted", M.hf_assisted, k), (f"hf-pld", M.hf_pld, k), (f"speclab-draft", M.sl_draft, k),
-                 (f"speclab-ngram", M.sl_ngram, k), (f"speclab-draft+events", M.sl_draft_events, k),
-                 (f"speclab-ngram+events", M.sl_ngram_events, k)]
+        plan += [("hf-assisted", M.hf_assisted, k), ("hf-pld", M.hf_pld, k), ("speclab-draft", M.sl_draft, k),
+                 ("speclab-ngram", M.sl_ngram, k), ("speclab-draft+events", M.sl_draft_events, k),
+                 ("speclab-ngram+events", M.sl_ngram_events, k)]
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     rows = []
     results = {}  # (method, workload, k) -> dict(tps=[...], identical=bool, acc=[...], mem)

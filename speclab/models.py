@@ -99,7 +99,12 @@ class NativeLlama:
                              cfg.hidden_size, cfg.rms_norm_eps, theta, cfg.max_position_embeddings)
         m = hf_model.model
         self.embed = m.embed_tokens.weight  # (V, C)
-        self.lm_head = hf_model.lm_head.weight  # (V, C), tied or not
+        # On the CPU, x @ W^T with W^T stored contiguous is measurably faster than F.linear for the
+        # few-row matmuls of decoding (MKL picks a better kernel); on CUDA F.linear is already optimal
+        # and a transposed copy would double weight memory.
+        self.pretransposed = self.embed.device.type == "cpu"
+        prep = (lambda w: w.t().contiguous()) if self.pretransposed else (lambda w: w)
+        self.lm_head = prep(hf_model.lm_head.weight)  # (C, V) on CPU, (V, C) elsewhere; tied or not
         self.final_norm = m.norm.weight
         self.layers = []
         for layer in m.layers:
@@ -107,8 +112,8 @@ class NativeLlama:
             # fuse q/k/v and gate/up into one matmul each: fewer kernel launches per token
             wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], 0)  # (Hq*D + 2*Hkv*D, C)
             w13 = torch.cat([f.gate_proj.weight, f.up_proj.weight], 0)  # (2F, C)
-            self.layers.append((layer.input_layernorm.weight, wqkv, a.o_proj.weight,
-                                layer.post_attention_layernorm.weight, w13, f.down_proj.weight))
+            self.layers.append((layer.input_layernorm.weight, prep(wqkv), prep(a.o_proj.weight),
+                                layer.post_attention_layernorm.weight, prep(w13), prep(f.down_proj.weight)))
         d = self.cfg.head_dim
         inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))  # (D/2,)
         # + headroom: a round may verify up to k+1 <= 33 positions past the last real token
@@ -130,8 +135,12 @@ class NativeLlama:
         rot = torch.cat((-x[..., half:], x[..., :half]), -1)
         return x * cos + rot * sin
 
+    def _lin(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x @ w if self.pretransposed else F.linear(x, w)
+
     def __call__(self, tokens, positions, cache: StaticKVCache, kv_len: int, last_only=None):
         c = self.cfg
+        lin = self._lin
         B, T = tokens.shape
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         x = F.embedding(tokens, self.embed)  # (B, T, C)
@@ -141,7 +150,7 @@ class NativeLlama:
         mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, S)
         for i, (ln1, wqkv, wo, ln2, w13, w2) in enumerate(self.layers):
             h = self._norm(x, ln1)
-            qkv = F.linear(h, wqkv)  # (B, T, (H + 2 Hkv) D)
+            qkv = lin(h, wqkv)  # (B, T, (H + 2 Hkv) D)
             q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], -1)
             q = self._rope(q.view(B, T, H, D).transpose(1, 2), cos, sin)  # (B, H, T, D)
             k = self._rope(k.view(B, T, Hkv, D).transpose(1, 2), cos, sin)  # (B, Hkv, T, D)
@@ -151,13 +160,13 @@ class NativeLlama:
             cache.v[i][cache.rows, :, positions] = v
             kk, vv = cache.k[i][:, :, :kv_len], cache.v[i][:, :, :kv_len]  # (B, Hkv, S, D)
             y = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=Hkv != H)  # (B, H, T, D)
-            x = x + F.linear(y.transpose(1, 2).reshape(B, T, H * D), wo)
+            x = x + lin(y.transpose(1, 2).reshape(B, T, H * D), wo)
             h = self._norm(x, ln2)
-            g, u = F.linear(h, w13).chunk(2, -1)  # (B, T, F) each
-            x = x + F.linear(F.silu(g) * u, w2)
+            g, u = lin(h, w13).chunk(2, -1)  # (B, T, F) each
+            x = x + lin(F.silu(g) * u, w2)
         if last_only is not None:  # prefill: only the logits at each row's last real token
             x = x[torch.arange(B, device=x.device), last_only][:, None]  # (B, 1, C)
-        return F.linear(self._norm(x, self.final_norm), self.lm_head)  # (B, T or 1, V)
+        return lin(self._norm(x, self.final_norm), self.lm_head)  # (B, T or 1, V)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -246,8 +246,9 @@ def _chi2_quantile(dof, z):
 def test_speculative_samples_follow_target_distribution(tiny, target_lm, monkeypatch):
     """Thousands of rows, fixed seeds: the second generated token (the first one decided by the
     rejection rule) has the target's exact marginal; a deliberately wrong rule fails the same test."""
-    import speclab.engine as engine
     from test_acceptance import _wrong_rule
+
+    import speclab.engine as engine
 
     temperature, n = 1.0, 8000
     exact = _exact_second_token_dist(target_lm, "hello wor", temperature)

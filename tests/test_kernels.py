@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import torch
 
 from kernels import fused_rejection_sample
