@@ -44,7 +44,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from ..errors import SpeclabError
     from .core import AppConfig
-    from .ui import CSS, build_demo as _build
+    from .ui import CSS
+    from .ui import build_demo as _build
 
     try:
         cfg = AppConfig.from_env(target=args.target, draft=args.draft, extra_drafts=args.drafts,

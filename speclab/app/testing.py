@@ -95,7 +95,7 @@ def build_tiny_models(out: str | Path, seed: int = 0) -> dict[str, str]:
     return {k: str(v) for k, v in paths.items()}
 
 
-def test_models(tmp_dir: str | Path) -> dict[str, str | None]:
+def models_for_tests(tmp_dir: str | Path) -> dict[str, str | None]:
     """The family when shipped, else tiny random models built under ``tmp_dir``."""
     fam = family_models()
     if fam is not None:

@@ -71,7 +71,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def _error_md(msg: str) -> str:
-    return f'<div class="speclab-error">⚠️ {html.escape(msg)}</div>'
+    return f'<div class="speclab-error">⚠ {html.escape(msg)}</div>'
 
 
 def _fmt(x, spec: str) -> str:
@@ -127,13 +127,13 @@ def _status(view: core.RunView) -> str:
     what = f"**{s.draft}** k={s.k}" if s.speculative else "**baseline** (no draft)"
     n = sum(sum(1 for t in r if t["status"] != "rejected") for r in view.tokens)
     if view.phase == "speculative":
-        return f"⏳ decoding with {what}: round {view.round}, {n} tokens"
+        return f"▶ decoding with {what}: round {view.round}, {n} tokens"
     if view.phase == "baseline":
-        return f"⏳ {what} done ({n} tokens, {view.round} rounds); now the k = 0 baseline with the same settings…"
+        return f"▶ {what} done ({n} tokens, {view.round} rounds); now the k = 0 baseline with the same settings…"
     sp = view.speedup
     tail = f"; speedup vs k=0: **{sp:.2f}×**" if sp is not None and s.speculative else ""
     cancelled = " (cancelled)" if view.cancelled else ""
-    return f"✅ {what} on `{s.target}`, batch {s.batch}: {n} tokens in {view.round} rounds{tail}{cancelled}"
+    return f"✓ {what} on `{s.target}`, batch {s.batch}: {n} tokens in {view.round} rounds{tail}{cancelled}"
 
 
 def _row_choices(batch: int) -> list[str]:
@@ -248,7 +248,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                         return
                     which = rows_ if rows_ in _row_choices(s.batch) else ALL_ROWS
                     row_update = gr.update(choices=_row_choices(s.batch), value=which)
-                    yield (f"⏳ loading `{s.target}`" + (f" and `{s.draft}`" if s.speculative else "") + "…",
+                    yield (f"▶ loading `{s.target}`" + (f" and `{s.draft}`" if s.speculative else "") + "…",
                            cards_html(None, None, "speculative"), gr.skip(), gr.skip(), gr.skip(), row_update)
                     view = None
                     try:
@@ -328,9 +328,10 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 sw_status = gr.Markdown("", label="status", elem_classes="speclab-status", elem_id="sweep-status")
                 with gr.Row():
                     p_acc = gr.Plot(label="acceptance vs throughput", elem_id="plot-acc")
-                    p_k = gr.Plot(label="speedup vs k", elem_id="plot-k")
+                    p_k = gr.Plot(label="speedup vs k (smallest batch size)", elem_id="plot-k")
                 with gr.Row():
-                    p_batch = gr.Plot(label="speedup vs batch size", elem_id="plot-batch")
+                    p_batch = gr.Plot(label="speedup vs batch size (mean over workloads; red rule: crossover)",
+                                      elem_id="plot-batch")
                     p_pos = gr.Plot(label="per-position acceptance", elem_id="plot-pos")
                 sw_table = gr.Dataframe(label="results", interactive=False, wrap=True)
                 sw_cross = gr.Dataframe(label="crossover batch (smallest batch where speculation stops paying)",
@@ -355,7 +356,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                         t0 = time.perf_counter()
                         while not job.wait(0.5):
                             progress(job.progress, desc=job.desc)
-                            yield (f"⏳ {job.desc} ({job.progress:.0%}, {time.perf_counter() - t0:.0f} s)",) + skip
+                            yield (f"▶ {job.desc} ({job.progress:.0%}, {time.perf_counter() - t0:.0f} s)",) + skip
                     finally:
                         job.cancel()  # closed (Stop, page left): stop after the current cell
                     if job.error is not None:
@@ -415,8 +416,9 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                     sp = ""
                     if len(names) == 2 and m[names[0]]["tokens_per_s"]:
                         sp = f"; speedup {m[names[1]]['tokens_per_s'] / m[names[0]]['tokens_per_s']:.2f}×"
-                    msg = (f"✅ {len(r['gaps']) // max(len(names), 1)} tokens per method{sp}. Gaps of ~0 ms are tokens that arrived in the "
-                           f"same round as the previous one.")
+                    per = len(r["gaps"]) // max(len(names), 1)
+                    msg = (f"✓ {per} tokens per method{sp}. Gaps of ~0 ms are tokens that arrived in the same "
+                           f"round as the previous one.")
                     return (msg, viz.gaps_chart(r["gaps"]), viz.cumulative_tokens_chart(r["gaps"]),
                             viz.ttft_chart(r["ttft"]), ttft)
 
@@ -436,8 +438,24 @@ def _sweep_outputs(df, s: core.SweepSettings, seconds: float):
     path = os.path.join(tempfile.mkdtemp(prefix="speclab-sweep-"), "speclab_sweep.csv")
     table.to_csv(path, index=False)
     n_spec = int((df["k"] > 0).sum())
-    msg = f"✅ {len(df)} cells ({n_spec} speculative, {len(df) - n_spec} baselines) in {seconds:.1f} s"
+    msg = f"✓ {len(df)} cells ({n_spec} speculative, {len(df) - n_spec} baselines) in {seconds:.1f} s"
     if len(df) < s.cells:
         msg += f" (stopped early: {s.cells - len(df)} cells not run)"
-    return (msg, viz.acceptance_vs_throughput(df), viz.speedup_vs_k(df), viz.speedup_vs_batch(df, cross),
+    return (msg, viz.acceptance_vs_throughput(df), viz.speedup_vs_k(_at_smallest_batch(df)),
+            viz.speedup_vs_batch(_over_workloads(df), crossover_batch(_over_workloads(df))),
             viz.per_position_chart(df), table, cross if len(cross) else None, path)
+
+
+def _at_smallest_batch(df):
+    """Speedup vs k at one batch size (lines over k would otherwise mix batch sizes)."""
+    return df[df["batch"] == df["batch"].min()]
+
+
+def _over_workloads(df):
+    """Speedup vs batch: the mean over the chosen workloads, one line per (draft, k)."""
+    if df["workload"].nunique() <= 1:
+        return df
+    g = df.groupby(["draft", "k", "batch"], as_index=False).agg(speedup=("speedup", "mean"),
+                                                                 tokens_per_s=("tokens_per_s", "mean"))
+    g["workload"] = "mean of " + ", ".join(sorted(df["workload"].unique()))
+    return g

@@ -1,0 +1,297 @@
+"""The Gradio lab: validation and configuration (fast, in-process), then the real app started with
+``python app.py`` on a free local port and driven through ``gradio_client`` (slow).
+
+Models: the embedded family when its weights are present (target + its weakest draft, and the
+``mismatch`` model), otherwise tiny random Llamas built in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import csv
+import threading
+
+import pytest
+
+from speclab.app import core
+from speclab.app.testing import AppProcess, build_tiny_models, family_models, models_for_tests
+from speclab.errors import SpeclabError
+
+STATUSES = {"accepted", "rejected", "recovered", "bonus", "target"}
+
+
+# ------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return models_for_tests(tmp_path_factory.mktemp("tiny-models"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_models(tmp_path_factory.mktemp("tiny-only"))
+
+
+@pytest.fixture(scope="module")
+def server(models):
+    args = ["--target", models["target"], "--draft", models["draft"]]
+    if models.get("mismatch"):
+        args += ["--drafts", models["mismatch"]]
+    app = AppProcess(args)
+    yield app
+    app.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from gradio_client import Client
+
+    return Client(server.url, verbose=False)
+
+
+def decode(client, prompt="def add(a, b):\n    return", target=None, draft=None, k=4, batch=1,
+           fill=core.FILL_WORKLOAD, workload="code", temperature=0.0, top_p=1.0, max_new_tokens=32, seed=0, pace=0,
+           rows="all rows", **kw):
+    cfg = kw.pop("models")
+    out = client.predict(prompt, target or cfg["target"], draft or cfg["draft"], k, batch, fill, workload,
+                         temperature, top_p, max_new_tokens, seed, pace, rows, api_name="/decode")
+    status, cards, tokens_html, result, _rows = out
+    return status, cards, tokens_html, result
+
+
+# ------------------------------------------------------------------------------ fast: no server
+def test_config_defaults_to_family_or_given_models(tiny, monkeypatch):
+    cfg = core.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
+    assert cfg.default_target == tiny["target"] and cfg.targets[0] == tiny["target"]
+    assert cfg.default_draft == tiny["draft"]
+    assert cfg.drafts[-2:] == ("ngram", "none") and not cfg.allow_custom_models
+    fam = family_models()
+    if fam is not None:  # with the family shipped, a bare app offers it
+        bare = core.AppConfig.build()
+        assert bare.default_target == fam["target"]
+        assert fam["draft"] in bare.drafts and bare.default_draft != "none"
+    monkeypatch.setenv("SPECLAB_TARGET", tiny["target"])
+    monkeypatch.setenv("SPECLAB_DRAFTS", f"{tiny['draft']},{tiny['mismatch']}")
+    monkeypatch.setenv("SPECLAB_ALLOW_CUSTOM_MODELS", "1")
+    env = core.AppConfig.from_env()
+    assert env.default_target == tiny["target"] and env.allow_custom_models
+    assert tiny["mismatch"] in env.drafts
+    assert core.AppConfig.from_env(target="other").default_target == "other"  # a flag beats the env
+
+
+def test_validate_decode_ranges(tiny):
+    cfg = core.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
+    ok = dict(prompt="hi", target=tiny["target"], draft="ngram", k=4, batch=2, temperature=0.7, top_p=0.9,
+              max_new_tokens=16, seed=3)
+    s = core.validate_decode(cfg, **ok)
+    assert (s.k, s.batch, s.max_new_tokens, s.seed) == (4, 2, 16, 3) and isinstance(s.k, int)
+    assert core.validate_decode(cfg, **{**ok, "k": 4.0}).k == 4  # sliders send floats
+    bad = {"prompt": ["", "   ", None, "x" * (core.MAX_PROMPT_CHARS + 1)], "k": [-1, 17, 2.5, "abc", None, True],
+           "batch": [0, 17], "temperature": [-0.1, 2.5, float("nan")], "top_p": [0, -1, 1.5],
+           "max_new_tokens": [0, core.MAX_NEW_TOKENS + 1], "seed": [-1, 1.5],
+           "draft": ["bogus", "/etc", "", None], "target": ["nope", ""]}
+    for key, values in bad.items():
+        for v in values:
+            with pytest.raises(SpeclabError):
+                core.validate_decode(cfg, **{**ok, key: v})
+
+
+def test_custom_models_need_the_flag(tiny):
+    strict = core.AppConfig.build(target=tiny["target"], draft="ngram")
+    with pytest.raises(SpeclabError, match="allow-custom-models"):
+        core.check_model_choice(strict, tiny["draft"], "draft")
+    loose = core.AppConfig.build(target=tiny["target"], draft="ngram", allow_custom_models=True)
+    assert core.check_model_choice(loose, tiny["draft"], "draft") == tiny["draft"]
+    assert core.check_model_choice(loose, "NONE", "draft") == "none"
+
+
+def test_no_target_is_a_message_not_a_crash(monkeypatch):
+    monkeypatch.setattr(core, "_family", lambda: [])
+    cfg = core.AppConfig.build()
+    assert cfg.targets == () and cfg.default_target is None and cfg.default_draft == "ngram"
+    with pytest.raises(SpeclabError, match="--target"):
+        core.validate_decode(cfg, "hello", None, "ngram", 2, 1, 0, 1, 8, 0)
+
+
+def test_batch_rows_and_sweep_validation(tiny):
+    cfg = core.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
+    s = core.validate_decode(cfg, "my prompt", tiny["target"], "ngram", 2, 3, 0, 1, 8, 0, core.FILL_WORKLOAD, "code")
+    rows = core.batch_prompts(s)
+    assert len(rows) == 3 and rows[0] == "my prompt" and rows[1] != "my prompt"
+    s2 = core.validate_decode(cfg, "my prompt", tiny["target"], "ngram", 2, 3, 0, 1, 8, 0, core.FILL_COPIES)
+    assert core.batch_prompts(s2) == ["my prompt"] * 3
+    sw = core.validate_sweep(cfg, tiny["target"], ["code"], ["ngram", "none"], [2, "4"], [1, 2], 2, 8, 0)
+    assert sw.drafts == ("ngram",) and sw.ks == (2, 4) and sw.cells == 2 * (1 + 2)
+    for bad in (dict(workloads=[]), dict(workloads=["nope"]), dict(drafts=["none"]), dict(ks=[0]), dict(ks=[99]),
+                dict(batches=[32]), dict(ks=core.SWEEP_KS, batches=core.SWEEP_BATCHES, workloads=["code", "json",
+                                                                                               "copy"])):
+        args = dict(workloads=["code"], drafts=["ngram"], ks=[2], batches=[1])
+        args.update(bad)
+        with pytest.raises(SpeclabError):
+            core.validate_sweep(cfg, tiny["target"], args["workloads"], args["drafts"], args["ks"], args["batches"],
+                                2, 8, 0)
+
+
+def test_run_decode_streams_then_measures_baseline(tiny):
+    cfg = core.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
+    s = core.validate_decode(cfg, "def f(x):", tiny["target"], tiny["draft"], 3, 2, 0, 1, 24, 0, pace_ms=1)
+    views = [(v.phase, len(v.tokens)) for v in core.run_decode(cfg, s)]
+    assert views[0][0] == "speculative" and views[-1][0] == "done"
+    assert sum(1 for p, _ in views if p == "speculative") >= 3  # streamed round by round
+    assert ("baseline", 2) in views
+
+
+def test_requirements_match_pyproject():
+    """requirements.txt (the Space's install list) = pyproject's dependencies + the [app] extra."""
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+
+    root = Path(__file__).resolve().parents[1]
+    proj = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    want = {d.replace(" ", "") for d in proj["dependencies"] + proj["optional-dependencies"]["app"]}
+    lines = (root / "requirements.txt").read_text().splitlines()
+    have = {ln.split("#")[0].strip().replace(" ", "") for ln in lines if ln.split("#")[0].strip()}
+    assert have == want
+
+
+def test_spaces_decorator_is_a_noop_without_spaces():
+    import importlib.util
+
+    from speclab.app import ui
+
+    if importlib.util.find_spec("spaces") is None:
+        def f(x):
+            return x
+
+        assert ui.gpu(60)(f) is f
+
+
+# ------------------------------------------------------------------------------ slow: the running app
+@pytest.mark.slow
+def test_decode_endpoint_returns_tokens_and_metrics(client, models):
+    status, cards, html, res = decode(client, models=models, k=4, batch=2, max_new_tokens=40)
+    assert res["error"] is None, res
+    assert status.startswith("✓") and "speedup" in status
+    assert len(res["tokens"]) == 2 and len(res["prompts"]) == 2
+    seen = {t["status"] for row in res["tokens"] for t in row}
+    assert seen <= STATUSES and {"accepted", "rejected"} <= seen, seen
+    for row in res["tokens"]:
+        emitted = [t for t in row if t["status"] != "rejected"]
+        assert len(emitted) <= 40 and emitted
+        for t in row:
+            assert isinstance(t["token"], int) and isinstance(t["text"], str) and t["round"] >= 0
+            assert t["target_prob"] is None or 0.0 <= t["target_prob"] <= 1.0
+    m, b = res["metrics"], res["baseline_metrics"]
+    for key in ("acceptance_rate", "mean_accepted_length", "tokens_per_s", "ttft_ms", "tpot_ms"):
+        assert m[key] is not None, key
+    assert 0.0 <= m["acceptance_rate"] <= 1.0 and m["mean_accepted_length"] >= 1.0
+    assert b["drafted_tokens"] == 0 and b["tokens_per_s"] > 0
+    assert res["speedup"] == pytest.approx(m["tokens_per_s"] / b["tokens_per_s"])
+    assert res["settings"]["k"] == 4 and res["settings"]["batch"] == 2
+    assert "tok-accepted" in html and "tok-rejected" in html and "speedup vs k=0" in cards
+    # the baseline reproduces the speculative output exactly (greedy)
+    spec_ids = [[t["token"] for t in row if t["status"] != "rejected"] for row in res["tokens"]]
+    _, _, _, base = decode(client, models=models, draft="none", k=4, batch=2, max_new_tokens=40)
+    assert [[t["token"] for t in row] for row in base["tokens"]] == spec_ids
+    assert base["speedup"] == pytest.approx(1.0) and base["metrics"]["mean_accepted_length"] == 1.0
+
+
+@pytest.mark.slow
+def test_decode_streams_updates(client, models):
+    job = client.submit("def area(r):", models["target"], models["draft"], 2, 1, core.FILL_COPIES, "code", 0.0,
+                        1.0, 24, 0, 20, "all rows", api_name="/decode")
+    final = job.result(timeout=120)
+    assert final[3]["error"] is None
+    outs = job.outputs()
+    assert len(outs) >= 4, "expected several streamed updates"
+    assert any(o[0].startswith("▶ decoding") for o in outs)
+
+
+@pytest.mark.slow
+def test_bad_input_is_a_message_and_the_app_keeps_serving(client, models, server):
+    cases = [
+        (dict(prompt=""), "prompt is empty"),
+        (dict(prompt="   \n"), "prompt is empty"),
+        (dict(k=99), "between 0 and 16"),
+        (dict(batch=0), "batch size"),
+        (dict(temperature=-3), "temperature"),
+        (dict(top_p=0), "top-p"),
+        (dict(max_new_tokens=100000), "max new tokens"),
+        (dict(draft="no-such-model"), "unknown draft"),
+        (dict(draft="/tmp"), "allow-custom-models"),
+        (dict(target="gpt-5"), "unknown target"),
+    ]
+    if models.get("mismatch"):
+        cases.append((dict(draft=models["mismatch"]), "different tokenizers"))
+    for kw, expected in cases:
+        status, _, _, res = decode(client, models=models, **kw)
+        assert expected in res["error"], (kw, res)
+        assert expected in status and "Traceback" not in status
+    assert server.alive()
+    _, _, _, res = decode(client, models=models, max_new_tokens=8)
+    assert res["error"] is None and res["tokens"][0]
+
+
+@pytest.mark.slow
+def test_concurrent_sessions_get_their_own_runs(server, models):
+    from gradio_client import Client
+
+    a, b = Client(server.url, verbose=False), Client(server.url, verbose=False)
+    out = {}
+
+    def go(name, c, k, batch, prompt):
+        out[name] = c.predict(prompt, models["target"], models["draft"], k, batch, core.FILL_COPIES, "code", 0.0,
+                              1.0, 16, 0, 5, "all rows", api_name="/decode")[3]
+
+    ts = [threading.Thread(target=go, args=("a", a, 2, 1, "import os\n")),
+          threading.Thread(target=go, args=("b", b, 5, 3, "class Stack:\n"))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(180)
+    assert out["a"]["settings"]["k"] == 2 and len(out["a"]["tokens"]) == 1
+    assert out["a"]["prompts"] == ["import os\n"]
+    assert out["b"]["settings"]["k"] == 5 and len(out["b"]["tokens"]) == 3
+    assert out["b"]["prompts"] == ["class Stack:\n"] * 3
+
+
+@pytest.mark.slow
+def test_sweep_endpoint_returns_rows_and_csv(client, models):
+    out = client.predict(models["target"], ["code"], [models["draft"], "ngram"], [2], [1, 2], 2, 8, 0.0,
+                         api_name="/sweep")
+    status, p_acc, p_k, p_batch, p_pos, table, cross, csv_path = out
+    assert status.startswith("✓"), status
+    headers, data = table["headers"], table["data"]
+    assert {"workload", "batch", "draft", "k", "acceptance_rate", "tokens_per_s", "speedup"} <= set(headers)
+    assert len(data) == 2 * (1 + 2)  # per batch size: the baseline + two drafts at k = 2
+    rows = [dict(zip(headers, r)) for r in data]
+    assert {r["draft"] for r in rows} == {"none", "ngram", models["draft"]}
+    assert all(r["speedup"] > 0 for r in rows)
+    for plot in (p_acc, p_k, p_batch, p_pos):
+        assert plot["type"] == "altair" and '"$schema"' in plot["plot"]
+    with open(csv_path, newline="") as f:
+        assert len(list(csv.DictReader(f))) == len(data)
+    assert {"crossover_batch"} <= set(cross["headers"])
+
+
+@pytest.mark.slow
+def test_sweep_and_timing_bad_input(client, models):
+    out = client.predict(models["target"], [], ["ngram"], [2], [1], 2, 8, 0.0, api_name="/sweep")
+    assert "workload" in out[0]
+    out = client.predict(models["target"], ["code"], ["ngram"], [99], [1], 2, 8, 0.0, api_name="/sweep")
+    assert "between 1 and 16" in out[0]
+    out = client.predict("", models["target"], "ngram", 4, 16, api_name="/timing")
+    assert "prompt is empty" in out[0]
+
+
+@pytest.mark.slow
+def test_timing_endpoint(client, models):
+    status, gaps, cum, ttft, table = client.predict("def fibonacci(n):\n", models["target"], models["draft"], 4, 24,
+                                                    api_name="/timing")
+    assert status.startswith("✓"), status
+    assert gaps["type"] == "altair" and ttft["type"] == "altair"
+    methods = [r[0] for r in table["data"]]
+    assert methods[0] == "baseline (k=0)" and len(methods) == 2
+    assert all(r[1] > 0 for r in table["data"])  # TTFT for both
