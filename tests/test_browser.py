@@ -46,11 +46,20 @@ def page(app):
         browser.close()
 
 
-def _wait_status(page, elem_id: str, timeout=120_000):
+FIND = "const e = document.querySelector('#' + id + ' .prose') || document.querySelector('#' + id);"
+STATUS_JS = "(id) => { " + FIND + " return e ? e.innerText : ''; }"
+
+
+def _status(page, elem_id: str) -> str:
+    return page.evaluate(STATUS_JS, elem_id)
+
+
+def _wait_status(page, elem_id: str, before: str | None = None, timeout=120_000) -> str:
+    """Wait until the status shows a finished run (✓) or an error (⚠), different from ``before``."""
     page.wait_for_function(
-        f"() => {{ const e = document.querySelector('#{elem_id}'); return e && /[✓⚠]/.test(e.innerText); }}",
-        timeout=timeout)
-    return page.locator(f"#{elem_id}").inner_text()
+        "([id, before]) => { " + FIND + " return e && /[✓⚠]/.test(e.innerText) && e.innerText !== before; }",
+        arg=[elem_id, before], timeout=timeout)
+    return _status(page, elem_id)
 
 
 def test_decode_in_the_browser(page, tmp_path):
@@ -70,10 +79,40 @@ def test_decode_in_the_browser(page, tmp_path):
 
 
 def test_empty_prompt_shows_a_message(page):
+    before = _status(page, "decode-status")
     page.locator("#prompt textarea").fill("")
     page.locator("#run").click()
-    status = _wait_status(page, "decode-status", timeout=30_000)
+    status = _wait_status(page, "decode-status", before, timeout=30_000)
     assert "prompt is empty" in status
+
+
+def test_slider_release_reruns_and_stop_cancels(page):
+    page.locator("#prompt textarea").fill("import json\n\n\ndef load(path):\n")
+    before = _status(page, "decode-status")
+    box = page.locator("#k input[type=range]").bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.25, y)  # drag k to 8 and let go: a re-run
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.5, y)
+    page.mouse.up()
+    status = _wait_status(page, "decode-status", before)
+    assert "k=8" in status, status
+    page.get_by_text("sampling").click()
+    pace = page.locator("#pace input[type=number]")
+    pace.fill("300")
+    pace.press("Tab")  # a number box commits on blur: a slow re-run, 0.3 s per round
+    page.wait_for_function("() => document.querySelector('#decode-status').innerText.includes('decoding with')",
+                           timeout=60_000)
+    page.locator("#stop").click()
+    page.wait_for_function("() => document.querySelector('#decode-status').innerText.includes('stopped')",
+                           timeout=10_000)
+    n = page.locator("#tokens .tok").count()
+    page.wait_for_timeout(1500)
+    assert page.locator("#tokens .tok").count() == n  # nothing arrives after Stop
+    assert "stopped" in _status(page, "decode-status")
+    pace.fill("0")
+    pace.press("Tab")
+    _wait_status(page, "decode-status", "⏹ stopped (the tokens so far stay on the page)")
 
 
 def test_sweep_chart_renders_offline(page, tmp_path):

@@ -205,7 +205,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                             draft = _lenient(gr.Dropdown(draft_choices, value=cfg.default_draft, label="draft",
                                                          allow_custom_value=custom, info="embedded drafts, ngram "
                                                          "prompt lookup, or none" + custom_info))
-                        k = _lenient(gr.Slider(0, core.MAX_K, value=4, step=1, label="k (draft tokens per round)"))
+                        k = _lenient(gr.Slider(0, core.MAX_K, value=4, step=1, label="k (draft tokens per round)",
+                                               elem_id="k"))
                         batch = _lenient(gr.Slider(1, core.MAX_BATCH, value=1, step=1, label="batch size"))
                         fill = gr.Radio([core.FILL_WORKLOAD, core.FILL_COPIES], value=core.FILL_WORKLOAD,
                                         label="rows after the first (batch > 1)")
@@ -217,7 +218,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                                                          label="max new tokens"))
                             seed = _lenient(gr.Number(0, label="seed", precision=0, minimum=0))
                             pace = _lenient(gr.Slider(0, 500, value=0, step=10,
-                                                      label="pause per round (ms, to watch rounds arrive)"))
+                                                      label="pause per round (ms, to watch rounds arrive)",
+                                                      elem_id="pace"))
                 status = gr.Markdown("", label="status", elem_classes="speclab-status", elem_id="decode-status")
                 cards = gr.HTML(cards_html(None, None, ""), label="metrics", elem_id="cards")
                 with gr.Row():
@@ -275,13 +277,16 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
 
                 run_ev = gr.on([run_btn.click, prompt.submit], _decode, decode_inputs, decode_outputs,
                                api_name="decode", trigger_mode="always_last", concurrency_id="decode",
-                               show_progress="minimal")
+                               show_progress="minimal", show_progress_on=tokens)
                 auto_ev = gr.on([k.release, batch.release, temperature.release, top_p.release, max_new.release,
                                  pace.release, seed.submit, draft.input, target.input, fill.input],
                                 _decode_auto_gated, decode_inputs + [auto], decode_outputs,
                                 api_visibility="private", trigger_mode="always_last", concurrency_id="decode",
-                                show_progress="minimal")
-                stop_btn.click(None, None, None, cancels=[run_ev, auto_ev], api_visibility="private")
+                                show_progress="minimal", show_progress_on=tokens)
+                def _stopped():
+                    return "⏹ stopped (the tokens so far stay on the page)"
+
+                stop_btn.click(_stopped, None, status, cancels=[run_ev, auto_ev], api_visibility="private")
 
                 def _pick_workload(w):
                     return gr.update(choices=_example_choices(examples, w), value=None)
@@ -296,7 +301,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 ex_ev = example.input(_pick_example, [workload, example], prompt, api_visibility="private")
                 ex_run = ex_ev.then(_decode_auto_gated, decode_inputs + [auto], decode_outputs,
                                     api_visibility="private", trigger_mode="always_last", concurrency_id="decode",
-                                    show_progress="minimal")
+                                    show_progress="minimal", show_progress_on=tokens)
                 stop_btn.click(None, None, None, cancels=[ex_run], api_visibility="private")
 
                 def _show_rows(view, which):
@@ -372,7 +377,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
 
                 sw_ev = sw_btn.click(_sweep, sweep_inputs, sweep_outputs, api_name="sweep", concurrency_limit=1,
                                      concurrency_id="sweep")
-                sw_stop.click(None, None, None, cancels=[sw_ev], api_visibility="private")
+                sw_stop.click(lambda: "⏹ sweep stopped", None, sw_status, cancels=[sw_ev], api_visibility="private")
 
             # ============================================================ Timing
             with gr.Tab("Timing", id="timing"):
