@@ -124,7 +124,7 @@ def rows_html(view: dict | None, which: str = ALL_ROWS) -> str:
 
 def _status(view: core.RunView) -> str:
     s = view.settings
-    what = f"**{s.draft}** k={s.k}" if s.speculative else "**baseline** (no draft)"
+    what = f"**{_label(s.draft)}** k={s.k}" if s.speculative else "**baseline** (no draft)"
     n = sum(sum(1 for t in r if t["status"] != "rejected") for r in view.tokens)
     if view.phase == "speculative":
         return f"▶ decoding with {what}: round {view.round}, {n} tokens"
@@ -133,7 +133,7 @@ def _status(view: core.RunView) -> str:
     sp = view.speedup
     tail = f"; speedup vs k=0: **{sp:.2f}×**" if sp is not None and s.speculative else ""
     cancelled = " (cancelled)" if view.cancelled else ""
-    return f"✓ {what} on `{s.target}`, batch {s.batch}: {n} tokens in {view.round} rounds{tail}{cancelled}"
+    return f"✓ {what} on `{_label(s.target)}`, batch {s.batch}: {n} tokens in {view.round} rounds{tail}{cancelled}"
 
 
 def _row_choices(batch: int) -> list[str]:
