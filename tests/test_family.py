@@ -129,8 +129,9 @@ def test_training_end_to_end(tmp_path):
 
     specs = [
         ModelSpec("target", "target", 32, 1, 2, 64, tokens=2048, lr=3e-3, batch=4, seq=32, warmup=2),
-        ModelSpec("draft-distill", "distilled-draft", 16, 1, 2, 32, tokens=1024, lr=3e-3, batch=4, seq=32,
-                  warmup=2, teacher="target"),
+        ModelSpec("draft-s", "draft", 16, 1, 2, 32, tokens=1024, lr=3e-3, batch=4, seq=32, warmup=2),
+        ModelSpec("draft-distill", "distilled-draft", 16, 1, 2, 32, tokens=512, lr=3e-3, batch=4, seq=32,
+                  warmup=2, teacher="target", init_from="draft-s"),
         ModelSpec("mismatch", "mismatched", 16, 1, 2, 32, tokens=512, lr=3e-3, batch=4, seq=32, warmup=2,
                   tokenizer="alt"),
     ]
@@ -139,10 +140,10 @@ def test_training_end_to_end(tmp_path):
                       threads=1, corpus_kwargs=dict(code_chars=20_000, prose_chars=5_000, record_chars=10_000,
                                                     heldout_fraction=0.2))
     rep = train_family(cfg, log=lambda s: None)
-    assert [m["name"] for m in rep["models"]] == ["target", "draft-distill", "mismatch"]
+    assert [m["name"] for m in rep["models"]] == ["target", "draft-s", "draft-distill", "mismatch"]
     ms = list_models(cfg.out_dir)
-    assert len(ms) == 3
-    assert ms[0]["tokenizer"] != ms[2]["tokenizer"]
+    assert len(ms) == 4
+    assert ms[0]["tokenizer"] == ms[2]["tokenizer"] != ms[3]["tokenizer"]
     for m in ms:
         AutoModelForCausalLM.from_pretrained(m["path"])
     # a rerun finds everything done and trains nothing
@@ -150,3 +151,31 @@ def test_training_end_to_end(tmp_path):
     assert [m["tokens_seen"] for m in rep2["models"]] == [m["tokens_seen"] for m in rep["models"]]
     q = quality_report(cfg.out_dir / "models" / "target", ["hello"], ["def f():\n"], max_new_tokens=8)
     assert 0 <= q["distinct_2_mean"] <= 1 and q["code_parse_rate"] is not None
+
+
+def test_report_format_and_checks():
+    from speclab.family.report import check_targets, format_report
+
+    rows = []
+    for w, base in (("code", 0.7), ("json", 0.8), ("copy", 0.5), ("creative", 0.4)):
+        for d, delta in (("draft-s", 0.0), ("draft-distill", 0.05), ("ngram", 0.0)):
+            a = base + delta if d != "ngram" else (0.9 if w == "copy" else 0.2)
+            rows.append({"workload": w, "drafter": d, "temperature": 0.0, "acceptance_rate": a,
+                         "mean_accepted_length": 1 + 4 * a})
+    rep = {"target": "target", "k": 4, "max_new_tokens": 8, "workloads": ["code", "json", "copy", "creative"],
+           "drafters": ["draft-s", "draft-distill", "ngram"], "rows": rows}
+    text = format_report(rep)
+    assert "draft-distill" in text and "acc@T=0" in text
+    checks = check_targets(rep, "draft-distill")
+    assert checks and all(checks.values())
+
+
+def test_bench_smoke():
+    from speclab.family.report import acceptance_report
+
+    models_or_skip()
+    rep = acceptance_report(["json"], drafters=["draft-xs", "ngram"], prompts_per_workload=2, max_new_tokens=8,
+                            temperatures=(0.0,))
+    assert len(rep["rows"]) == 2
+    for r in rep["rows"]:
+        assert r["mean_accepted_length"] is None or 1.0 <= r["mean_accepted_length"] <= 5.0

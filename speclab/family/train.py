@@ -49,20 +49,31 @@ class ModelSpec:
     seq: int = 384
     tokenizer: str = "main"  # "main" or "alt"
     teacher: str | None = None  # name of the model whose soft distributions are the labels
+    init_from: str | None = None  # start from this trained model's weights (same architecture)
     warmup: int = 100
     weight_decay: float = 0.1
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
+    def resume_key(self) -> str:
+        """Like :meth:`key` but without the token budget: a checkpoint survives a changed budget
+        (the cosine schedule then stretches or shrinks over the remaining steps)."""
+        d = asdict(self)
+        d.pop("tokens")
+        if d.get("init_from") is None:  # field added later; absent means the same as None
+            d.pop("init_from")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
 
 DEFAULT_SPECS: list[ModelSpec] = [
-    ModelSpec("target", "target", hidden=256, layers=6, heads=4, ffn=688, tokens=8_000_000, lr=1.5e-3),
-    ModelSpec("draft-distill", "distilled-draft", hidden=160, layers=4, heads=4, ffn=432, tokens=4_000_000,
-              lr=3e-3, teacher="target"),
-    ModelSpec("draft-s", "draft", hidden=160, layers=4, heads=4, ffn=432, tokens=4_000_000, lr=3e-3),
-    ModelSpec("draft-xs", "draft", hidden=96, layers=2, heads=2, ffn=256, tokens=3_000_000, lr=4e-3),
-    ModelSpec("mismatch", "mismatched", hidden=96, layers=2, heads=2, ffn=256, tokens=1_000_000, lr=4e-3,
+    ModelSpec("target", "target", hidden=256, layers=6, heads=4, ffn=688, tokens=3_000_000, lr=1.5e-3),
+    ModelSpec("draft-s", "draft", hidden=160, layers=4, heads=4, ffn=432, tokens=1_800_000, lr=3e-3),
+    # DistillSpec-style: start from draft-s and continue on the target's soft distributions (KL)
+    ModelSpec("draft-distill", "distilled-draft", hidden=160, layers=4, heads=4, ffn=432, tokens=750_000,
+              lr=1e-3, teacher="target", init_from="draft-s", warmup=30),
+    ModelSpec("draft-xs", "draft", hidden=96, layers=2, heads=2, ffn=256, tokens=2_000_000, lr=4e-3),
+    ModelSpec("mismatch", "mismatched", hidden=96, layers=2, heads=2, ffn=256, tokens=500_000, lr=4e-3,
               tokenizer="alt"),
 ]
 
@@ -82,6 +93,7 @@ class TrainConfig:
     bf16: bool = True
     eval_tokens: int = 150_000
     ckpt_every_s: float = 90.0
+    wait_for_init_s: float = 3600.0
     quality: bool = True
     acceptance: bool = True
     progress: bool = True
@@ -243,7 +255,8 @@ def load_model_dir(directory: Path):
     return model
 
 
-def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, log=print) -> dict:
+def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, init_state=None,
+              log=print) -> dict:
     """Train (or resume) one model; returns its manifest entry (without path)."""
     vocab = tok.get_vocab_size(with_added_tokens=True)
     eot = tok.token_to_id(EOT)
@@ -254,13 +267,15 @@ def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, 
     ckpt = run / "state.ckpt"
     seed = cfg.seed * 1000 + sum(map(ord, spec.name))
     model = new_model(spec, vocab, eot, seed)
+    if init_state is not None:
+        model.load_state_dict(init_state)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=spec.weight_decay)
     step = 0
-    ident = {"spec": spec.key(), "total_steps": total_steps, "seed": cfg.seed, "tokenizer": tokenizer_id(tok)}
+    ident = {"spec": spec.resume_key(), "seed": cfg.seed, "tokenizer": tokenizer_id(tok)}
     if ckpt.exists():
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        if state.get("ident") == ident:
+        if state.get("ident") == ident and state["step"] <= total_steps:
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
             step = state["step"]
@@ -324,7 +339,7 @@ def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, 
         "tokens_seen": total_steps * spec.batch * spec.seq, "steps": total_steps,
         "architecture": {"hidden": spec.hidden, "layers": spec.layers, "heads": spec.heads, "ffn": spec.ffn,
                          "vocab": vocab, "seq": spec.seq},
-        "teacher": spec.teacher, "spec_key": spec.key(), "seed": cfg.seed,
+        "teacher": spec.teacher, "init_from": spec.init_from, "spec_key": spec.key(), "seed": cfg.seed,
     }
     (run / "done.json").write_text(json.dumps(entry, indent=2))
     log(f"[{spec.name}] done: {entry['parameters']:,} params, {entry['tokens_seen']:,} tokens, "
@@ -482,6 +497,19 @@ def train_family(cfg: TrainConfig, log=print) -> dict:
                 entries[spec.name] = prev
                 continue
             done.unlink()
+        init_state = None
+        if spec.init_from:
+            idir = cfg.out_dir / "models" / spec.init_from
+            idone = cfg.runs_dir / spec.init_from / "done.json"
+            waited = 0
+            while not (idone.exists() and (idir / "model.safetensors").exists()):
+                if waited == 0:
+                    log(f"[{spec.name}] waiting for {spec.init_from} (trained by another process?)")
+                if waited > cfg.wait_for_init_s:
+                    raise RuntimeError(f"{spec.name} starts from {spec.init_from!r}; train it first")
+                time.sleep(10)
+                waited += 10
+            init_state = load_model_dir(idir).state_dict()
         teacher = None
         if spec.teacher:
             tdir = cfg.out_dir / "models" / spec.teacher
@@ -489,7 +517,8 @@ def train_family(cfg: TrainConfig, log=print) -> dict:
                 raise RuntimeError(f"{spec.name} needs its teacher {spec.teacher!r} trained first")
             teacher = load_model_dir(tdir)
         t = time.time()
-        entry = train_one(spec, cfg, get_data(spec.tokenizer), toks[spec.tokenizer], teacher=teacher, log=log)
+        entry = train_one(spec, cfg, get_data(spec.tokenizer), toks[spec.tokenizer], teacher=teacher,
+                          init_state=init_state, log=log)
         entry["train_seconds"] = round(time.time() - t, 1)
         (run / "done.json").write_text(json.dumps(entry, indent=2))
         entries[spec.name] = entry
@@ -528,6 +557,10 @@ def write_manifest(cfg: TrainConfig, entries: dict, corpus: Corpus) -> None:
         old = json.loads(path.read_text())
     except (OSError, ValueError):
         old = {}
+    # keep entries another training process (e.g. `--only draft-s`) wrote meanwhile
+    on_disk = {m["name"]: m for m in old.get("models", []) if isinstance(m, dict) and "name" in m}
+    merged = {**on_disk, **entries}
+    models = [merged[n] for n in order if n in merged] + [e for n, e in merged.items() if n not in order]
     old.update({
         "format": 1, "seed": cfg.seed, "corpus": corpus.fingerprint(),
         "corpus_stats": corpus.stats(), "models": models,
