@@ -4,8 +4,16 @@ from pathlib import Path
 import pytest
 
 from speclab.errors import SpeclabError
-from speclab.workloads import (PACKAGE_DATASETS, REPO_DATASETS, WORKLOADS, Prompt, list_workloads, load_all,
-                               load_specbench, load_workload)
+from speclab.workloads import (
+    PACKAGE_DATASETS,
+    REPO_DATASETS,
+    WORKLOADS,
+    Prompt,
+    list_workloads,
+    load_all,
+    load_specbench,
+    load_workload,
+)
 
 SPECBENCH = Path(__file__).resolve().parents[1].parent / "shared" / "specbench" / "question.jsonl"
 

@@ -116,7 +116,7 @@ def check_targets(report: dict, best_draft: str, distilled: str = "draft-distill
     by = {(r["workload"], r["drafter"], r["temperature"]): r for r in report["rows"]}
     out = {}
     for t in sorted({r["temperature"] for r in report["rows"]}):
-        def acc(w, d):
+        def acc(w, d, t=t):
             r = by.get((w, d, t))
             return r["acceptance_rate"] if r and r["acceptance_rate"] is not None else float("nan")
 
@@ -124,7 +124,8 @@ def check_targets(report: dict, best_draft: str, distilled: str = "draft-distill
         if "creative" in ws:
             for w in ("code", "json"):
                 if w in ws:
-                    out[f"T={t:g} {best_draft} {w} >= creative + 0.15"] = acc(w, best_draft) >= acc("creative", best_draft) + 0.15
+                    out[f"T={t:g} {best_draft} {w} >= creative + 0.15"] = (
+                        acc(w, best_draft) >= acc("creative", best_draft) + 0.15)
         if distilled in report["drafters"] and undistilled_same_size in report["drafters"]:
             out[f"T={t:g} {distilled} > {undistilled_same_size} on every workload"] = all(
                 acc(w, distilled) > acc(w, undistilled_same_size) for w in ws)

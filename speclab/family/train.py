@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +67,7 @@ class ModelSpec:
 
 
 DEFAULT_SPECS: list[ModelSpec] = [
-    ModelSpec("target", "target", hidden=256, layers=6, heads=4, ffn=688, tokens=3_000_000, lr=1.5e-3),
+    ModelSpec("target", "target", hidden=256, layers=6, heads=4, ffn=688, tokens=4_500_000, lr=1.5e-3),
     ModelSpec("draft-s", "draft", hidden=160, layers=4, heads=4, ffn=432, tokens=1_800_000, lr=3e-3),
     # DistillSpec-style: start from draft-s and continue on the target's soft distributions (KL)
     ModelSpec("draft-distill", "distilled-draft", hidden=160, layers=4, heads=4, ffn=432, tokens=750_000,
@@ -537,9 +537,9 @@ def train_family(cfg: TrainConfig, log=print) -> dict:
         (cfg.runs_dir / "quality_samples.json").write_text(json.dumps(q, indent=2))
     if cfg.acceptance and cfg.out_dir.resolve() == FAMILY_DIR.resolve():
         try:
-            from .report import acceptance_report, format_report
+            from .report import acceptance_report
 
-            acc = acceptance_report(workloads="all", prompts_per_workload=8, max_new_tokens=48)
+            acc = acceptance_report(workloads="all", prompts_per_workload=8, max_new_tokens=64)
             report["acceptance"] = acc
             (cfg.runs_dir / "acceptance.json").write_text(json.dumps(acc, indent=2))
         except Exception as e:  # the engine may not exist yet
@@ -561,6 +561,10 @@ def write_manifest(cfg: TrainConfig, entries: dict, corpus: Corpus) -> None:
     on_disk = {m["name"]: m for m in old.get("models", []) if isinstance(m, dict) and "name" in m}
     merged = {**on_disk, **entries}
     models = [merged[n] for n in order if n in merged] + [e for n, e in merged.items() if n not in order]
+    for m in models:  # a model started from another one has also seen that one's tokens
+        base = merged.get(m.get("init_from") or "")
+        if base:
+            m["tokens_seen_total"] = m["tokens_seen"] + base.get("tokens_seen_total", base["tokens_seen"])
     old.update({
         "format": 1, "seed": cfg.seed, "corpus": corpus.fingerprint(),
         "corpus_stats": corpus.stats(), "models": models,
@@ -569,10 +573,12 @@ def write_manifest(cfg: TrainConfig, entries: dict, corpus: Corpus) -> None:
 
 
 def format_training_report(report: dict) -> str:
-    lines = ["", "model            role              params   tokens seen   held-out loss  (code/prose/records)"]
+    lines = ["", "model            role              params            tokens seen   held-out loss"
+                 "  (code/prose/records)"]
     for m in report["models"]:
         src = m.get("heldout_loss_by_source", {})
-        lines.append(f"{m['name']:<16} {m['role']:<16} {m['parameters'] / 1e6:6.2f}M {m['tokens_seen']:>12,}"
+        seen = f"{m['tokens_seen']:,}" + (f" (+{m['init_from']})" if m.get("init_from") else "")
+        lines.append(f"{m['name']:<16} {m['role']:<16} {m['parameters'] / 1e6:6.2f}M {seen:>22}"
                      f"   {m['heldout_loss']:.3f}          "
                      + "/".join(f"{src.get(k, float('nan')):.2f}" for k in ("code", "prose", "records")))
     q = report.get("quality")
