@@ -139,6 +139,24 @@ def test_run_decode_streams_then_measures_baseline(tiny):
     assert ("baseline", 2) in views
 
 
+def test_command_line_defaults_are_local(monkeypatch):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from speclab.app import parse_args
+
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
+    a = parse_args([])
+    assert (a.host, a.port, a.share, a.allow_custom_models) == ("127.0.0.1", 7860, False, None)
+    a = parse_args(["--target", "t", "--draft", "d", "--allow-custom-models", "--port", "9", "--host", "0.0.0.0"])
+    assert (a.target, a.draft, a.allow_custom_models, a.port, a.host) == ("t", "d", True, 9, "0.0.0.0")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "app.py"), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--allow-custom-models" in out.stdout and "--share" in out.stdout
+
+
 def test_requirements_match_pyproject():
     """requirements.txt (the Space's install list) = pyproject's dependencies + the [app] extra."""
     from pathlib import Path
