@@ -112,13 +112,15 @@ def test_models_command(capsys):
 
 
 def test_quality_helpers():
-    from speclab.family.train import distinct_2, looks_like_python
+    from speclab.family.train import distinct_2, looks_like_python, python_line_rate
 
     assert distinct_2([1, 2, 1, 2, 1, 2]) == pytest.approx(2 / 5)
     assert distinct_2([1, 2, 3, 4]) == 1.0
     assert looks_like_python("def f(x):\n    return x + 1\n")
     assert looks_like_python("def f(x):\n    if x:\n        y = 1\n    for i in range(3):\n")
     assert not looks_like_python("The quick brown fox jumps over\nthe lazy dog again and again\n")
+    assert python_line_rate("    if x:\n        return f(a,\n    else:\n") == 1.0
+    assert python_line_rate("The quick brown fox jumps\nover the lazy dog.\n") == 0.0
 
 
 @pytest.mark.slow

@@ -378,6 +378,56 @@ def looks_like_python(text: str) -> bool:
     return False
 
 
+def python_line_rate(text: str) -> float:
+    """Share of non-blank lines that are valid Python on their own: statements that parse (a block
+    opener gets a ``pass`` body, ``else``/``except``/... get their head, an unclosed call its closers),
+    comments, and lines inside a triple-quoted string (docstrings)."""
+    import ast
+
+    closers = {"(": ")", "[": "]", "{": "}"}
+    ok = total = 0
+    in_str = False
+    for raw in text.split("\n"):
+        line = raw.strip()
+        if not line:
+            continue
+        total += 1
+        quotes = line.count('"""') + line.count("'''")
+        if in_str or quotes:
+            ok += 1
+            if quotes % 2:
+                in_str = not in_str
+            continue
+        if line.startswith("#"):
+            ok += 1
+            continue
+        cand = line
+        for head, prefix in (("elif ", "if 0: pass\n"), ("else", "if 0: pass\n"), ("except", "try: pass\n"),
+                             ("finally", "try: pass\n")):
+            if cand.startswith(head):
+                cand = prefix + cand
+                break
+        if cand.endswith(":"):
+            cand += " pass"
+        stack = []
+        for ch in line:
+            if ch in closers:
+                stack.append(closers[ch])
+            elif stack and ch == stack[-1]:
+                stack.pop()
+        cand = cand.rstrip(",") + "".join(reversed(stack))
+        if cand.startswith(("return", "yield", "await")):
+            cand = "def f():\n " + cand
+        elif cand.startswith(("break", "continue")):
+            cand = "while 1:\n " + cand
+        try:
+            ast.parse(cand)
+            ok += 1
+        except (SyntaxError, ValueError):
+            pass
+    return ok / total if total else 0.0
+
+
 def quality_report(model_dir: Path, prompts: list[str], code_prompts: list[str] | None = None,
                    max_new_tokens: int = 128, temperature: float = 0.8, seed: int = 0) -> dict:
     """Samples ``max_new_tokens`` at ``temperature`` with HF ``generate`` and reports the mean fraction
@@ -401,11 +451,14 @@ def quality_report(model_dir: Path, prompts: list[str], code_prompts: list[str] 
         samples.append({"prompt": p[-200:], "continuation": text, "distinct_2": round(d2[-1], 3)})
         if i >= len(prompts):
             parsed.append(looks_like_python(p + text))
+            samples[-1]["python_line_rate"] = round(python_line_rate(text), 3)
     return {
         "temperature": temperature, "max_new_tokens": max_new_tokens, "n": len(d2),
         "distinct_2_mean": round(float(np.mean(d2)), 4), "distinct_2_min": round(float(np.min(d2)), 4),
         "share_distinct_2_ge_0.5": round(float(np.mean([x >= 0.5 for x in d2])), 4),
         "code_parse_rate": round(float(np.mean(parsed)), 4) if parsed else None,
+        "code_python_line_rate": round(float(np.mean([s["python_line_rate"] for s in samples
+                                                      if "python_line_rate" in s])), 4) if parsed else None,
         "samples": samples,
     }
 
@@ -585,7 +638,8 @@ def format_training_report(report: dict) -> str:
     if q:
         lines.append(f"target quality @T={q['temperature']}, {q['max_new_tokens']} tokens: distinct-2 mean "
                      f"{q['distinct_2_mean']:.3f} (min {q['distinct_2_min']:.3f}, share>=0.5 "
-                     f"{q['share_distinct_2_ge_0.5']:.2f}), code parse rate {q['code_parse_rate']}")
+                     f"{q['share_distinct_2_ge_0.5']:.2f}), code continuations: whole-snippet parse rate "
+                     f"{q['code_parse_rate']}, valid-Python line rate {q.get('code_python_line_rate')}")
     acc = report.get("acceptance")
     if acc:
         from .report import format_report
