@@ -86,10 +86,26 @@ def test_empty_prompt_shows_a_message(page):
     assert "prompt is empty" in status
 
 
+def test_picking_an_example_fills_the_prompt_and_runs(page):
+    before = _status(page, "decode-status")
+    page.locator("#example input").click()
+    option = page.locator("[role=option]").nth(1)  # the workload's second prompt
+    option.wait_for(timeout=10_000)
+    label = option.get_attribute("aria-label")  # "<id>: <first line>"
+    option.click()
+    first_line = label.split(": ", 1)[1]
+    page.wait_for_function("(s) => document.querySelector('#prompt textarea').value.startsWith(s)", arg=first_line,
+                           timeout=10_000)
+    status = _wait_status(page, "decode-status", before)
+    assert "✓" in status, status
+
+
 def test_slider_release_reruns_and_stop_cancels(page):
     page.locator("#prompt textarea").fill("import json\n\n\ndef load(path):\n")
     before = _status(page, "decode-status")
-    box = page.locator("#k input[type=range]").bounding_box()
+    slider = page.locator("#k input[type=range]")
+    slider.scroll_into_view_if_needed()
+    box = slider.bounding_box()
     y = box["y"] + box["height"] / 2
     page.mouse.move(box["x"] + box["width"] * 0.25, y)  # drag k to 8 and let go: a re-run
     page.mouse.down()

@@ -190,7 +190,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                             workload = gr.Dropdown(workloads, value=first_wl, label="examples from workload",
                                                    scale=1)
                             example = gr.Dropdown(_example_choices(examples, first_wl), value=None,
-                                                  label="example prompt", scale=2)
+                                                  label="example prompt", scale=2, elem_id="example")
                         prompt = gr.Textbox(first_prompt, label="prompt", lines=6, max_lines=16,
                                             elem_id="prompt")
                         with gr.Row():
@@ -335,8 +335,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                     p_acc = gr.Plot(label="acceptance vs throughput", elem_id="plot-acc")
                     p_k = gr.Plot(label="speedup vs k (smallest batch size)", elem_id="plot-k")
                 with gr.Row():
-                    p_batch = gr.Plot(label="speedup vs batch size (mean over workloads; red rule: crossover)",
-                                      elem_id="plot-batch")
+                    p_batch = gr.Plot(label="speedup vs batch size (mean over workloads)", elem_id="plot-batch")
                     p_pos = gr.Plot(label="per-position acceptance", elem_id="plot-pos")
                 sw_table = gr.Dataframe(label="results", interactive=False, wrap=True)
                 sw_cross = gr.Dataframe(label="crossover batch (smallest batch where speculation stops paying)",
@@ -447,8 +446,33 @@ def _sweep_outputs(df, s: core.SweepSettings, seconds: float):
     if len(df) < s.cells:
         msg += f" (stopped early: {s.cells - len(df)} cells not run)"
     return (msg, viz.acceptance_vs_throughput(df), viz.speedup_vs_k(_at_smallest_batch(df)),
-            viz.speedup_vs_batch(_over_workloads(df), crossover_batch(_over_workloads(df))),
+            _speedup_vs_batch(_over_workloads(df), crossover_batch(_over_workloads(df))),
             viz.per_position_chart(df), table, cross if len(cross) else None, path)
+
+
+def _speedup_vs_batch(df, cross):
+    """Speedup against batch size, one line per (draft, k); a red cross marks each line's crossover
+    (the first batch size where speculation stops paying)."""
+    import altair as alt
+
+    d = df[df["k"] > 0].copy()
+    d["series"] = d["draft"] + " k=" + d["k"].astype(str)
+    batches = sorted(int(b) for b in d["batch"].unique())
+    x = alt.X("batch:Q", title="batch size", scale=alt.Scale(type="log", base=2),
+              axis=alt.Axis(values=batches, format="d"))
+    y = alt.Y("speedup:Q", title="speedup vs k=0")
+    tip = ["draft", "k", "batch", alt.Tooltip("speedup:Q", format=".2f")]
+    layers = [alt.Chart(d).mark_line(point=True).encode(x=x, y=y, color=alt.Color("series:N", title="draft, k"),
+                                                        tooltip=tip),
+              alt.Chart(d).mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(1.0))]
+    if cross is not None and len(cross) and cross["crossover_batch"].notna().any():
+        cx = cross.dropna(subset=["crossover_batch"]).merge(
+            d, left_on=["draft", "k", "crossover_batch"], right_on=["draft", "k", "batch"], suffixes=("_c", ""))
+        layers.append(alt.Chart(cx).mark_point(shape="cross", size=160, color="#cf222e", filled=True).encode(
+            x=x, y=y, tooltip=["draft", "k", alt.Tooltip("batch:Q", title="crossover batch"),
+                               alt.Tooltip("speedup:Q", format=".2f")]))
+    return alt.layer(*layers).properties(width=300, height=200,
+                                         title="speedup vs batch size (red ✕: speculation stops paying)")
 
 
 def _at_smallest_batch(df):
