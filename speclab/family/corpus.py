@@ -400,3 +400,43 @@ if __name__ == "__main__":  # pragma: no cover
     t = time.time()
     c = build_corpus(0)
     print(json.dumps(c.stats(), indent=1), c.fingerprint(), f"{time.time() - t:.1f}s")
+
+
+COPY_MARKERS = ["\n\n# copy of the block above\n", "\n\nAgain:\n", "\n\n---\n", "\n\nRepeated:\n",
+                "\n\n# duplicate\n", "\n\nSame text:\n", "\n\nOnce more:\n", "\n\n# (repeated)\n",
+                "\n\nNew version:\n", "\n\n# after the change\n"]
+
+
+def copy_documents(docs: list[Document], seed: int, max_chars: int) -> list[Document]:
+    """Copy-heavy documents: a stretch of a training document, a marker line, then the same stretch
+    again (sometimes with one word renamed everywhere). They teach in-context copying, which plain
+    stdlib text rarely needs within a training window. Built after the tokenizer, so they do not
+    change it."""
+    import re
+
+    rng = random.Random(seed + 7)
+    pool = [d for d in docs if len(d.text) > 400]
+    out, total, i = [], 0, 0
+    while pool and total < max_chars:
+        d = rng.choice(pool)
+        lines = d.text.splitlines(keepends=True)
+        start = rng.randrange(len(lines))
+        chunk = ""
+        size = rng.randint(150, 700)
+        for line in lines[start:]:
+            chunk += line
+            if len(chunk) >= size:
+                break
+        if len(chunk) < 80:
+            continue
+        again = chunk
+        if rng.random() < 0.3:
+            words = sorted(set(re.findall(r"\b[a-z_]{4,}\b", chunk)))
+            if len(words) >= 2:
+                a, b = rng.sample(words, 2)
+                again = re.sub(rf"\b{a}\b", b + "_" + a[:3], chunk)
+        text = chunk.rstrip("\n") + rng.choice(COPY_MARKERS) + again
+        out.append(Document("copy", f"copy:{i}:{d.name}", text))
+        total += len(text)
+        i += 1
+    return out

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import FAMILY_DIR
-from .corpus import Corpus, build_corpus
+from .corpus import Corpus, build_corpus, copy_documents
 
 EOT = "<|endoftext|>"
 
@@ -52,26 +52,35 @@ class ModelSpec:
     init_from: str | None = None  # start from this trained model's weights (same architecture)
     warmup: int = 100
     weight_decay: float = 0.1
+    copy_fraction: float = 0.0  # share of each batch drawn from copy-heavy documents (corpus.copy_documents)
+    copy_from_step: int = 0  # ... from this step on
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        d = asdict(self)
+        for k in ("copy_fraction", "copy_from_step"):  # fields added later: absent means 0
+            if not d[k]:
+                d.pop(k)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
     def resume_key(self) -> str:
         """Like :meth:`key` but without the token budget: a checkpoint survives a changed budget
         (the cosine schedule then stretches or shrinks over the remaining steps)."""
         d = asdict(self)
-        d.pop("tokens")
+        for k in ("tokens", "copy_fraction", "copy_from_step"):  # budget and data mixture, not the model
+            d.pop(k)
         if d.get("init_from") is None:  # field added later; absent means the same as None
             d.pop("init_from")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
 DEFAULT_SPECS: list[ModelSpec] = [
-    ModelSpec("target", "target", hidden=256, layers=6, heads=4, ffn=688, tokens=4_500_000, lr=1.5e-3),
+    # the last ~1M tokens mix in copy-heavy documents so the target learns to copy from its context
+    ModelSpec("target", "target", hidden=256, layers=6, heads=4, ffn=688, tokens=5_500_000, lr=1.5e-3,
+              copy_fraction=0.25, copy_from_step=976),
     ModelSpec("draft-s", "draft", hidden=160, layers=4, heads=4, ffn=432, tokens=1_800_000, lr=3e-3),
     # DistillSpec-style: start from draft-s and continue on the target's soft distributions (KL)
     ModelSpec("draft-distill", "distilled-draft", hidden=160, layers=4, heads=4, ffn=432, tokens=750_000,
-              lr=1e-3, teacher="target", init_from="draft-s", warmup=30),
+              lr=1e-3, teacher="target", init_from="draft-s", warmup=30, copy_fraction=0.25),
     ModelSpec("draft-xs", "draft", hidden=96, layers=2, heads=2, ffn=256, tokens=2_000_000, lr=4e-3),
     ModelSpec("mismatch", "mismatched", hidden=96, layers=2, heads=2, ffn=256, tokens=500_000, lr=4e-3,
               tokenizer="alt"),
@@ -94,6 +103,7 @@ class TrainConfig:
     eval_tokens: int = 150_000
     ckpt_every_s: float = 90.0
     wait_for_init_s: float = 3600.0
+    copy_chars: int = 2_000_000
     quality: bool = True
     acceptance: bool = True
     progress: bool = True
@@ -156,6 +166,7 @@ class Data:
     train: np.ndarray
     heldout: np.ndarray
     heldout_by_source: dict[str, np.ndarray]
+    copy: np.ndarray | None = None
 
 
 def encode_corpus(tok, corpus: Corpus) -> Data:
@@ -273,6 +284,9 @@ def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, 
                             weight_decay=spec.weight_decay)
     step = 0
     ident = {"spec": spec.resume_key(), "seed": cfg.seed, "tokenizer": tokenizer_id(tok)}
+    if teacher is not None:  # a checkpoint distilled from another teacher is not resumable
+        ident["teacher"] = hashlib.sha256(b"".join(
+            p.detach().float().numpy().tobytes()[:4096] for p in teacher.parameters())).hexdigest()[:12]
     if ckpt.exists():
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
         if state.get("ident") == ident and state["step"] <= total_steps:
@@ -295,6 +309,9 @@ def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, 
     ema = None
     while step < total_steps:
         x = batch_at(data.train, seed, step, spec.batch, spec.seq)
+        if spec.copy_fraction > 0 and step >= spec.copy_from_step and data.copy is not None:
+            n_copy = max(1, round(spec.batch * spec.copy_fraction))
+            x[:n_copy] = batch_at(data.copy, seed + 1, step, n_copy, spec.seq)
         inp, tgt = x[:, :-1], x[:, 1:]
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total_steps, spec)
@@ -525,7 +542,15 @@ def train_family(cfg: TrainConfig, log=print) -> dict:
                 np.savez(path, train=d.train, heldout=d.heldout,
                          **{"ho_" + k: v for k, v in d.heldout_by_source.items()})
                 data[kind] = d
-            log(f"data {kind}: {len(data[kind].train):,} train tokens, {len(data[kind].heldout):,} held-out")
+            cpath = cfg.runs_dir / f"copy-{kind}-{fp}-{tokenizer_id(toks[kind])}.npy"
+            if cpath.exists():
+                data[kind].copy = np.load(cpath)
+            else:
+                cdocs = copy_documents(corpus.train, cfg.seed, cfg.copy_chars)
+                data[kind].copy = encode_docs(toks[kind], cdocs)
+                np.save(cpath, data[kind].copy)
+            log(f"data {kind}: {len(data[kind].train):,} train tokens, {len(data[kind].heldout):,} held-out, "
+                f"{len(data[kind].copy):,} copy-heavy")
         return data[kind]
 
     manifest_path = cfg.out_dir / "family.json"
