@@ -34,6 +34,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if getattr(args, "compare", False):
+        from ..bench import run_compare
+
+        return run_compare(args)
     from .report import run_from_args
 
     return run_from_args(args)
@@ -66,4 +70,7 @@ def add_commands(subparsers) -> None:
     b.add_argument("--threads", type=int, default=None)
     b.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     b.add_argument("--quiet", action="store_true")
+    from ..bench import add_compare_arguments
+
+    add_compare_arguments(b)
     b.set_defaults(func=cmd_bench)
