@@ -62,6 +62,14 @@ def _wait_status(page, elem_id: str, before: str | None = None, timeout=120_000)
     return _status(page, elem_id)
 
 
+def _wait_chart(page, plot: str) -> None:
+    """vega-embed drew the chart: its canvas exists and has a real size."""
+    marks = page.locator(f"{plot} .vega-embed canvas.marks, {plot} .vega-embed svg.marks").first
+    marks.wait_for(timeout=30_000)
+    box = marks.bounding_box()
+    assert box and box["width"] > 100 and box["height"] > 50, (plot, box)
+
+
 def test_decode_in_the_browser(page, tmp_path):
     page.locator("#prompt textarea").fill("def fibonacci(n):\n    if n < 2:\n        return n\n")
     page.locator("#run").click()
@@ -133,6 +141,16 @@ def test_sweep_chart_renders_offline(page, tmp_path):
     status = _wait_status(page, "sweep-status", timeout=150_000)
     assert "✓" in status, status
     for plot in ("#plot-acc", "#plot-k", "#plot-batch", "#plot-pos"):
-        page.wait_for_selector(f"{plot} canvas, {plot} svg", timeout=30_000)
+        _wait_chart(page, plot)
     page.screenshot(path=str(tmp_path / "sweep.png"), full_page=True)
     assert not [e for e in page.page_errors if "vega" in e.lower()], page.page_errors
+
+
+def test_timing_tab_renders(page, tmp_path):
+    page.get_by_role("tab", name="Timing").click()
+    page.locator("#timing-run").click()
+    status = _wait_status(page, "timing-status", timeout=120_000)
+    assert "✓" in status, status
+    for plot in ("#plot-gaps", "#plot-cum", "#plot-ttft"):
+        _wait_chart(page, plot)
+    page.screenshot(path=str(tmp_path / "timing.png"), full_page=True)

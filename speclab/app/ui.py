@@ -332,11 +332,11 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                     sw_stop = gr.Button("Stop", variant="stop")
                 sw_status = gr.Markdown("", label="status", elem_classes="speclab-status", elem_id="sweep-status")
                 with gr.Row():
-                    p_acc = gr.Plot(label="acceptance vs throughput", elem_id="plot-acc")
-                    p_k = gr.Plot(label="speedup vs k (smallest batch size)", elem_id="plot-k")
+                    p_acc = gr.Plot(label="acceptance vs throughput", show_label=False, elem_id="plot-acc")
+                    p_k = gr.Plot(label="speedup vs k (smallest batch size)", show_label=False, elem_id="plot-k")
                 with gr.Row():
-                    p_batch = gr.Plot(label="speedup vs batch size (mean over workloads)", elem_id="plot-batch")
-                    p_pos = gr.Plot(label="per-position acceptance", elem_id="plot-pos")
+                    p_batch = gr.Plot(label="speedup vs batch size", show_label=False, elem_id="plot-batch")
+                    p_pos = gr.Plot(label="per-position acceptance", show_label=False, elem_id="plot-pos")
                 sw_table = gr.Dataframe(label="results", interactive=False, wrap=True)
                 sw_cross = gr.Dataframe(label="crossover batch (smallest batch where speculation stops paying)",
                                         interactive=False)
@@ -396,10 +396,10 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                                                         label="max new tokens"))
                 tm_btn = gr.Button("Compare timing", variant="primary", elem_id="timing-run")
                 tm_status = gr.Markdown("", label="status", elem_classes="speclab-status", elem_id="timing-status")
-                tm_gaps = gr.Plot(label="inter-token gaps", elem_id="plot-gaps")
+                tm_gaps = gr.Plot(label="inter-token gaps", show_label=False, elem_id="plot-gaps")
                 with gr.Row():
-                    tm_cum = gr.Plot(label="tokens over time", elem_id="plot-cum")
-                    tm_ttft = gr.Plot(label="time to first token", elem_id="plot-ttft")
+                    tm_cum = gr.Plot(label="tokens over time", show_label=False, elem_id="plot-cum")
+                    tm_ttft = gr.Plot(label="time to first token", show_label=False, elem_id="plot-ttft")
                 tm_table = gr.Dataframe(label="summary", interactive=False)
 
                 @gpu(120)
@@ -445,7 +445,8 @@ def _sweep_outputs(df, s: core.SweepSettings, seconds: float):
     msg = f"✓ {len(df)} cells ({n_spec} speculative, {len(df) - n_spec} baselines) in {seconds:.1f} s"
     if len(df) < s.cells:
         msg += f" (stopped early: {s.cells - len(df)} cells not run)"
-    return (msg, viz.acceptance_vs_throughput(df), viz.speedup_vs_k(_at_smallest_batch(df)),
+    return (msg, viz.acceptance_vs_throughput(df), viz.speedup_vs_k(_at_smallest_batch(df)).properties(
+                title=f"batch size {int(df['batch'].min())}"),
             _speedup_vs_batch(_over_workloads(df), crossover_batch(_over_workloads(df))),
             viz.per_position_chart(df), table, cross if len(cross) else None, path)
 
@@ -471,8 +472,11 @@ def _speedup_vs_batch(df, cross):
         layers.append(alt.Chart(cx).mark_point(shape="cross", size=160, color="#cf222e", filled=True).encode(
             x=x, y=y, tooltip=["draft", "k", alt.Tooltip("batch:Q", title="crossover batch"),
                                alt.Tooltip("speedup:Q", format=".2f")]))
+    sub = "red ✕: first batch where speculation stops paying"
+    if df["workload"].nunique() == 1 and str(df["workload"].iloc[0]).startswith("mean of"):
+        sub = f"{df['workload'].iloc[0]}; {sub}"
     return alt.layer(*layers).properties(width=300, height=200,
-                                         title="speedup vs batch size (red ✕: speculation stops paying)")
+                                         title=alt.TitleParams("speedup vs batch size", subtitle=sub))
 
 
 def _at_smallest_batch(df):
