@@ -176,7 +176,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
     target_choices = [(_label(t), t) for t in cfg.targets]
     draft_choices = [(_label(d), d) for d in cfg.drafts]
 
-    with gr.Blocks(title="speclab: speculative decoding lab") as demo:
+    with gr.Blocks(title="speclab: speculative decoding lab", analytics_enabled=False) as demo:
         gr.Markdown(INTRO)
         if not cfg.targets:
             gr.Markdown(_error_md("No target model: the embedded family is not trained yet. Start the app with "
