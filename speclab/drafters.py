@@ -99,13 +99,13 @@ class ModelDrafter:
         inp = ctx.tokens.gather(1, pos.clamp(max=ctx.tokens.shape[1] - 1))  # (B, w)
         kv_len = max(ctx.host_lengths)
         logits = self.cache.forward(inp, pos, valid, kv_len=kv_len, last_only=L - dlen - 1)[:, -1]  # (B, V)
-        toks, probs, tprobs = [], [], []
+        toks, probs, tprobs, greedy_logits = [], [], [], []
         for i in range(k):
             logits = self._align(logits)
             if params.greedy:
                 tok = logits.argmax(-1)  # (B,)
                 if want_probs:
-                    tprobs.append(logits.float().softmax(-1).gather(1, tok[:, None]).squeeze(1))
+                    greedy_logits.append(logits)  # one softmax for all k steps, after the loop
             else:
                 p = logits_to_probs(logits, params)  # (B, V)
                 tok = sample_from_probs(p, uniform[:, i])
@@ -117,6 +117,9 @@ class ModelDrafter:
         self.dlen = L + k - 1
         self.host_dlen = [hl + k - 1 for hl in ctx.host_lengths]
         tokens = torch.stack(toks, 1) if toks else torch.zeros(B, 0, dtype=torch.long, device=dev)
+        if greedy_logits:  # display probabilities of the greedy drafts: (B, k, V) -> (B, k)
+            tprobs = [torch.stack(greedy_logits, 1).float().softmax(-1).gather(2, tokens[..., None]).squeeze(-1)]
+            tprobs = list(tprobs[0].unbind(1))
         return Proposal(
             tokens=tokens,
             lengths=torch.full((B,), k, dtype=torch.long, device=dev),
