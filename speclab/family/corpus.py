@@ -418,11 +418,16 @@ def copy_documents(docs: list[Document], seed: int, max_chars: int) -> list[Docu
     pool = [d for d in docs if len(d.text) > 400]
     out, total, i = [], 0, 0
     while pool and total < max_chars:
+        if out and rng.random() < 0.5:  # several copy pairs in a row: more copying per window
+            prev = out.pop()
+            total -= len(prev.text)
+        else:
+            prev = None
         d = rng.choice(pool)
         lines = d.text.splitlines(keepends=True)
         start = rng.randrange(len(lines))
         chunk = ""
-        size = rng.randint(150, 700)
+        size = rng.randint(60, 400)
         for line in lines[start:]:
             chunk += line
             if len(chunk) >= size:
@@ -436,6 +441,8 @@ def copy_documents(docs: list[Document], seed: int, max_chars: int) -> list[Docu
                 a, b = rng.sample(words, 2)
                 again = re.sub(rf"\b{a}\b", b + "_" + a[:3], chunk)
         text = chunk.rstrip("\n") + rng.choice(COPY_MARKERS) + again
+        if prev is not None:
+            text = prev.text.rstrip("\n") + "\n\n" + text
         out.append(Document("copy", f"copy:{i}:{d.name}", text))
         total += len(text)
         i += 1

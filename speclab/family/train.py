@@ -52,21 +52,28 @@ class ModelSpec:
     init_from: str | None = None  # start from this trained model's weights (same architecture)
     warmup: int = 100
     weight_decay: float = 0.1
-    copy_fraction: float = 0.0  # share of each batch drawn from copy-heavy documents (corpus.copy_documents)
-    copy_from_step: int = 0  # ... from this step on
+    # ((from_step, fraction), ...): share of each batch drawn from copy-heavy documents
+    # (corpus.copy_documents) from that step on
+    copy_schedule: tuple = ()
+
+    def copy_fraction_at(self, step: int) -> float:
+        frac = 0.0
+        for start, f in self.copy_schedule:
+            if step >= start:
+                frac = f
+        return frac
 
     def key(self) -> str:
         d = asdict(self)
-        for k in ("copy_fraction", "copy_from_step"):  # fields added later: absent means 0
-            if not d[k]:
-                d.pop(k)
+        if not d["copy_schedule"]:  # field added later: absent means ()
+            d.pop("copy_schedule")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
     def resume_key(self) -> str:
         """Like :meth:`key` but without the token budget: a checkpoint survives a changed budget
         (the cosine schedule then stretches or shrinks over the remaining steps)."""
         d = asdict(self)
-        for k in ("tokens", "copy_fraction", "copy_from_step"):  # budget and data mixture, not the model
+        for k in ("tokens", "copy_schedule"):  # budget and data mixture, not the model
             d.pop(k)
         if d.get("init_from") is None:  # field added later; absent means the same as None
             d.pop("init_from")
@@ -74,13 +81,14 @@ class ModelSpec:
 
 
 DEFAULT_SPECS: list[ModelSpec] = [
-    # the last ~1M tokens mix in copy-heavy documents so the target learns to copy from its context
-    ModelSpec("target", "target", hidden=256, layers=6, heads=4, ffn=688, tokens=5_500_000, lr=1.5e-3,
-              copy_fraction=0.25, copy_from_step=976),
+    # the last ~2.5M tokens mix in copy-heavy documents so the target learns to copy from its context
+    ModelSpec("target", "target", hidden=256, layers=6, heads=4, ffn=688, tokens=7_000_000, lr=1.5e-3,
+              copy_schedule=((976, 0.25), (1193, 0.5))),
     ModelSpec("draft-s", "draft", hidden=160, layers=4, heads=4, ffn=432, tokens=1_800_000, lr=3e-3),
     # DistillSpec-style: start from draft-s and continue on the target's soft distributions (KL)
     ModelSpec("draft-distill", "distilled-draft", hidden=160, layers=4, heads=4, ffn=432, tokens=750_000,
-              lr=1e-3, teacher="target", init_from="draft-s", warmup=30, copy_fraction=0.25),
+              lr=1e-3, teacher="target", init_from="draft-s", warmup=30,
+              copy_schedule=((0, 0.5),)),
     ModelSpec("draft-xs", "draft", hidden=96, layers=2, heads=2, ffn=256, tokens=2_000_000, lr=4e-3),
     ModelSpec("mismatch", "mismatched", hidden=96, layers=2, heads=2, ffn=256, tokens=500_000, lr=4e-3,
               tokenizer="alt"),
@@ -309,8 +317,8 @@ def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, 
     ema = None
     while step < total_steps:
         x = batch_at(data.train, seed, step, spec.batch, spec.seq)
-        if spec.copy_fraction > 0 and step >= spec.copy_from_step and data.copy is not None:
-            n_copy = max(1, round(spec.batch * spec.copy_fraction))
+        if spec.copy_fraction_at(step) > 0 and data.copy is not None:
+            n_copy = max(1, round(spec.batch * spec.copy_fraction_at(step)))
             x[:n_copy] = batch_at(data.copy, seed + 1, step, n_copy, spec.seq)
         inp, tgt = x[:, :-1], x[:, 1:]
         for g in opt.param_groups:
@@ -542,7 +550,7 @@ def train_family(cfg: TrainConfig, log=print) -> dict:
                 np.savez(path, train=d.train, heldout=d.heldout,
                          **{"ho_" + k: v for k, v in d.heldout_by_source.items()})
                 data[kind] = d
-            cpath = cfg.runs_dir / f"copy-{kind}-{fp}-{tokenizer_id(toks[kind])}.npy"
+            cpath = cfg.runs_dir / f"copy2-{kind}-{fp}-{tokenizer_id(toks[kind])}.npy"
             if cpath.exists():
                 data[kind].copy = np.load(cpath)
             else:
