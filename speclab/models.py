@@ -56,6 +56,7 @@ class StaticKVCache:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None = None,
                 kv_len: int | None = None, last_only: torch.Tensor | None = None) -> torch.Tensor:
         # padding (valid=False) sits after a row's real tokens, so no real query ever sees it
+        # contract: kv_len == max(positions) + 1 (the engine knows it on the host: no sync here)
         if kv_len is None:
             kv_len = int(positions.max()) + 1
         return self.model(tokens, positions, self, kv_len, last_only)
@@ -125,6 +126,8 @@ class NativeLlama:
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         dt = x.dtype
+        if dt == torch.float32:  # the fused op is bit-identical to HF's formula in fp32, and faster
+            return F.rms_norm(x, (x.shape[-1],), w, self.cfg.eps)
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.eps)
         return w * x.to(dt)
@@ -146,8 +149,11 @@ class NativeLlama:
         x = F.embedding(tokens, self.embed)  # (B, T, C)
         cos = self.cos[positions][:, None]  # (B, 1, T, D)
         sin = self.sin[positions][:, None]
-        slots = torch.arange(kv_len, device=tokens.device)
-        mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, S)
+        if B == 1 and T == 1:
+            mask = None  # one query at position kv_len - 1 sees every slot: no mask to build
+        else:
+            slots = torch.arange(kv_len, device=tokens.device)
+            mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, S)
         for i, (ln1, wqkv, wo, ln2, w13, w2) in enumerate(self.layers):
             h = self._norm(x, ln1)
             qkv = lin(h, wqkv)  # (B, T, (H + 2 Hkv) D)
