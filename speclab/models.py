@@ -286,6 +286,28 @@ def _family_names() -> list[str]:
         return []
 
 
+def _check_hub_reachable(spec: str, role: str, timeout: float = 3.0) -> None:
+    """Fail in seconds, in one line, when the hub cannot be reached (instead of minutes of retries)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        raise SpeclabError(f"cannot load {role} model '{spec}': not a shipped model or local directory, not in the "
+                           f"local cache, and HF_HUB_OFFLINE is set")
+    try:
+        from huggingface_hub import constants
+
+        url = urlparse(constants.ENDPOINT)
+    except Exception:  # noqa: BLE001
+        url = urlparse("https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError:
+        raise SpeclabError(f"cannot load {role} model '{spec}': not a shipped model or local directory, not in the "
+                           f"local cache, and the hub ({host}) is unreachable from here") from None
+
+
 def load_model(spec: str, *, device: str | torch.device | None = None, dtype: torch.dtype | str | None = None,
                backend: str = "auto", role: str = "model") -> LM:
     """Load an embedded family model by short name, a local HF directory, or a hub id.
@@ -325,8 +347,11 @@ def load_model(spec: str, *, device: str | torch.device | None = None, dtype: to
         except Exception:
             if local:
                 raise
+            _check_hub_reachable(spec, role)
             tok = AutoTokenizer.from_pretrained(source, **kw)
             model = AutoModelForCausalLM.from_pretrained(source, use_safetensors=True, dtype=dtype, **kw)
+    except SpeclabError:
+        raise
     except Exception as e:  # noqa: BLE001 - any loader failure becomes one line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SpeclabError(f"cannot load {role} model '{spec}' from {source}: {msg[:300]}") from None

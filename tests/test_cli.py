@@ -87,3 +87,18 @@ def test_console_script_exit_status(tiny):
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("speclab: error: cannot load target model 'nope/none-here'")
     assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_unreachable_hub_fails_fast(tiny, monkeypatch):
+    """A hub id with no network: one line, in seconds, no retry noise."""
+    import time
+
+    import speclab.models as models
+    from speclab.errors import SpeclabError
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "https://127.0.0.1:9")  # nothing listens there
+    t = time.perf_counter()
+    with pytest.raises(SpeclabError, match="unreachable"):
+        models.load_model("someorg/some-model", role="target")
+    assert time.perf_counter() - t < 10
