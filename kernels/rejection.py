@@ -34,6 +34,19 @@ def triton_available(device: torch.device | str) -> bool:
 if HAVE_TRITON:
 
     @triton.jit
+    def _block(t_row, d_row, v0, V, d_rej, mix, HAS_DRAFT_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
+        """One vocabulary block of mix * max(target - draft, 0) + (1 - mix) * target (mix is 0 or 1);
+        a deterministic draft is one-hot at d_rej."""
+        offs = v0 + tl.arange(0, BLOCK_V)
+        m = offs < V
+        t = tl.load(t_row + offs, mask=m, other=0.0)
+        if HAS_DRAFT_PROBS:
+            q = tl.load(d_row + offs, mask=m, other=0.0)
+        else:
+            q = tl.where(offs == d_rej, 1.0, 0.0)
+        return mix * tl.maximum(t - q, 0.0) + (1.0 - mix) * t
+
+    @triton.jit
     def _rejection_kernel(
         draft_tokens_ptr, draft_probs_ptr, target_probs_ptr, num_draft_ptr, u_accept_ptr, u_next_ptr,
         out_n_ptr, out_tok_ptr,
@@ -64,45 +77,24 @@ if HAVE_TRITON:
         d_rej = tl.maximum(tl.load(draft_tokens_ptr + b * K + slot), 0)
         t_row = target_probs_ptr + (b * (K + 1) + n) * V
         d_row = draft_probs_ptr + (b * K + slot) * V
-        # ---- pass 1: residual mass
+        # ---- pass 1: residual mass (the target's own mass when nothing was rejected)
         mass = 0.0
         for v0 in range(0, V, BLOCK_V):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            m = offs < V
-            t = tl.load(t_row + offs, mask=m, other=0.0)
-            if HAS_DRAFT_PROBS:
-                q = tl.load(d_row + offs, mask=m, other=0.0) * rej_f
-            else:
-                q = tl.where(offs == d_rej, 1.0, 0.0) * rej_f
-            mass += tl.sum(tl.maximum(t - q, 0.0), axis=0)
+            mass += tl.sum(_block(t_row, d_row, v0, V, d_rej, rej_f, HAS_DRAFT_PROBS, BLOCK_V), axis=0)
         use_residual = rejected & (mass > eps)
-        res_f = use_residual.to(tl.float32)
-        # ---- pass 2: total of the chosen distribution, then inverse CDF
+        res_f = use_residual.to(tl.float32)  # residual when rejected and it has mass, else the target
+        # ---- pass 2: total of the chosen distribution; pass 3: inverse CDF
         total = 0.0
         for v0 in range(0, V, BLOCK_V):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            m = offs < V
-            t = tl.load(t_row + offs, mask=m, other=0.0)
-            if HAS_DRAFT_PROBS:
-                q = tl.load(d_row + offs, mask=m, other=0.0)
-            else:
-                q = tl.where(offs == d_rej, 1.0, 0.0)
-            # residual when the row rejected (and it has mass), else the target itself
-            total += tl.sum(res_f * tl.maximum(t - q, 0.0) + (1.0 - res_f) * t, axis=0)
+            total += tl.sum(_block(t_row, d_row, v0, V, d_rej, res_f, HAS_DRAFT_PROBS, BLOCK_V), axis=0)
         goal = tl.load(u_next_ptr + b) * total
         prefix = 0.0
         found = V - 1
         for v0 in range(0, V, BLOCK_V):
             offs = v0 + tl.arange(0, BLOCK_V)
-            m = offs < V
-            t = tl.load(t_row + offs, mask=m, other=0.0)
-            if HAS_DRAFT_PROBS:
-                q = tl.load(d_row + offs, mask=m, other=0.0)
-            else:
-                q = tl.where(offs == d_rej, 1.0, 0.0)
-            p = res_f * tl.maximum(t - q, 0.0) + (1.0 - res_f) * t
+            p = _block(t_row, d_row, v0, V, d_rej, res_f, HAS_DRAFT_PROBS, BLOCK_V)
             c = prefix + tl.cumsum(p, axis=0)
-            hit = (c > goal) & m
+            hit = (c > goal) & (offs < V)
             first = tl.min(tl.where(hit, offs, V), axis=0)
             found = tl.minimum(found, first)
             prefix += tl.sum(p, axis=0)

@@ -183,12 +183,13 @@ class PromptLookupDrafter:
 DRAFTER_ALIASES = {"ngram": "ngram", "prompt-lookup": "ngram", "prompt_lookup": "ngram", "pld": "ngram"}
 
 
-def make_drafter(spec: str | None, target: LM, **kw) -> Drafter | None:
-    """'none' (plain target decoding), 'ngram' (prompt lookup), or a draft model name/path/hub id."""
+def make_drafter(spec: str | None, target: LM, load=load_model, **kw) -> Drafter | None:
+    """'none' (plain target decoding), 'ngram' (prompt lookup), or a draft model name/path/hub id
+    (loaded with ``load``, e.g. a caching loader)."""
     if spec is None or str(spec).lower() in ("", "none", "off", "baseline"):
         return None
     if str(spec).lower() in DRAFTER_ALIASES:
         return PromptLookupDrafter(**kw)
-    draft = load_model(spec, device=target.device, dtype=target.dtype, role="draft")
+    draft = load(spec, device=target.device, dtype=target.dtype, role="draft")
     check_same_tokenizer(target, draft)
     return ModelDrafter(draft, target.vocab_size)

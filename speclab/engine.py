@@ -265,7 +265,7 @@ class SpeculativeDecoder:
                                            u_draft[:, k_r:k_r + kk] if kk else u_draft[:, :0], u_draft[:, -1])
                 # the round's tokens, written at each row's own positions (junk past the new length
                 # is harmless: it is beyond every row's length and gets overwritten)
-                out = torch.cat([d_tokens.clamp(min=0), torch.zeros(B, 1, dtype=torch.long, device=dev)], 1)  # (B, kk+1)
+                out = torch.cat([d_tokens.clamp(min=0), torch.zeros(B, 1, dtype=torch.long, device=dev)], 1)  # (B, k+1)
                 out[rows, res.num_accepted] = res.next_token
                 buf.scatter_(1, vpos + 1, out)
                 n_h = res.num_accepted.tolist()

@@ -17,11 +17,17 @@ from .models import LM, load_model
 _MODELS: dict[tuple, LM] = {}
 
 
-def cached_model(spec: str, device=None, role: str = "model") -> LM:
+def cached_model(spec: str, device=None, role: str = "model", dtype=None) -> LM:
     """Load once per process (the app and notebooks re-run often)."""
-    key = (spec, str(device))
+    import torch
+
+    from .models import default_device
+
+    dev = torch.device(device) if device is not None else default_device()
+    dt = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)  # load_model's default
+    key = (spec, str(dev), str(dt))
     if key not in _MODELS:
-        _MODELS[key] = load_model(spec, device=device, role=role)
+        _MODELS[key] = load_model(spec, device=dev, role=role, dtype=dt)
     return _MODELS[key]
 
 
@@ -33,15 +39,7 @@ def cached_drafter(spec: str, target: LM):
         return None
     key = (spec, id(target))
     if key not in _DRAFTERS:
-        if str(spec).lower() in ("ngram", "prompt-lookup", "prompt_lookup", "pld"):
-            _DRAFTERS[key] = make_drafter(spec, target)
-        else:
-            from .drafters import ModelDrafter
-            from .models import check_same_tokenizer
-
-            draft = cached_model(spec, device=target.device, role="draft")
-            check_same_tokenizer(target, draft)
-            _DRAFTERS[key] = ModelDrafter(draft, target.vocab_size)
+        _DRAFTERS[key] = make_drafter(spec, target, load=cached_model)
     return _DRAFTERS[key]
 
 
