@@ -100,24 +100,32 @@ def speedup_vs_k(df):
 
 
 def speedup_vs_batch(df, crossover=None):
-    """Speedup against batch size; the crossover batch (speedup falls below 1) is marked."""
+    """Speedup against batch size, one line per (draft, k); a red cross marks each line's crossover
+    (the first batch size where speculation stops paying, as from ``sweep.crossover_batch``)."""
     import altair as alt
 
     d = df[df["k"] > 0].copy()
     d["series"] = d["draft"] + " k=" + d["k"].astype(str)
-    lines = alt.Chart(d).mark_line(point=True).encode(
-        x=alt.X("batch:Q", title="batch size", scale=alt.Scale(type="log", base=2)),
-        y=alt.Y("speedup:Q", title="speedup vs k=0"),
-        color=alt.Color("series:N", title="draft, k"),
-        tooltip=["workload", "draft", "k", "batch", alt.Tooltip("speedup:Q", format=".2f")])
-    one = alt.Chart(d).mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(1.0))
-    layers = [lines, one]
+    batches = sorted(int(b) for b in d["batch"].unique())
+    x = alt.X("batch:Q", title="batch size", scale=alt.Scale(type="log", base=2),
+              axis=alt.Axis(values=batches, format="d"))
+    y = alt.Y("speedup:Q", title="speedup vs k=0")
+    tip = ["workload", "draft", "k", "batch", alt.Tooltip("speedup:Q", format=".2f")]
+    layers = [alt.Chart(d).mark_line(point=True).encode(x=x, y=y, color=alt.Color("series:N", title="draft, k"),
+                                                        tooltip=tip),
+              alt.Chart(d).mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(1.0))]
     if crossover is not None and len(crossover) and crossover["crossover_batch"].notna().any():
-        cx = crossover.dropna(subset=["crossover_batch"]).copy()
-        cx["series"] = cx["draft"] + " k=" + cx["k"].astype(str)
-        layers.append(alt.Chart(cx).mark_rule(color="#cf222e").encode(
-            x="crossover_batch:Q", tooltip=["workload", "draft", "k", "crossover_batch"]))
-    return alt.layer(*layers).properties(width=260, height=200, title="speedup vs batch (red: crossover)")
+        keys = [c for c in ("workload", "draft", "k") if c in crossover.columns]
+        cx = crossover.dropna(subset=["crossover_batch"]).merge(
+            d, left_on=keys + ["crossover_batch"], right_on=keys + ["batch"], suffixes=("_c", ""))
+        layers.append(alt.Chart(cx).mark_point(shape="cross", size=160, color="#cf222e", filled=True).encode(
+            x=x, y=y, tooltip=["draft", "k", alt.Tooltip("batch:Q", title="crossover batch"),
+                               alt.Tooltip("speedup:Q", format=".2f")]))
+    sub = "red ✕: first batch where speculation stops paying"
+    if df["workload"].nunique() == 1:
+        sub = f"{df['workload'].iloc[0]}; {sub}"
+    return alt.layer(*layers).properties(width=300, height=200,
+                                         title=alt.TitleParams("speedup vs batch size", subtitle=sub))
 
 
 def per_position_chart(df):

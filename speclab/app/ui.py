@@ -447,36 +447,8 @@ def _sweep_outputs(df, s: core.SweepSettings, seconds: float):
         msg += f" (stopped early: {s.cells - len(df)} cells not run)"
     return (msg, viz.acceptance_vs_throughput(df), viz.speedup_vs_k(_at_smallest_batch(df)).properties(
                 title=f"batch size {int(df['batch'].min())}"),
-            _speedup_vs_batch(_over_workloads(df), crossover_batch(_over_workloads(df))),
+            viz.speedup_vs_batch(_over_workloads(df), crossover_batch(_over_workloads(df))),
             viz.per_position_chart(df), table, cross if len(cross) else None, path)
-
-
-def _speedup_vs_batch(df, cross):
-    """Speedup against batch size, one line per (draft, k); a red cross marks each line's crossover
-    (the first batch size where speculation stops paying)."""
-    import altair as alt
-
-    d = df[df["k"] > 0].copy()
-    d["series"] = d["draft"] + " k=" + d["k"].astype(str)
-    batches = sorted(int(b) for b in d["batch"].unique())
-    x = alt.X("batch:Q", title="batch size", scale=alt.Scale(type="log", base=2),
-              axis=alt.Axis(values=batches, format="d"))
-    y = alt.Y("speedup:Q", title="speedup vs k=0")
-    tip = ["draft", "k", "batch", alt.Tooltip("speedup:Q", format=".2f")]
-    layers = [alt.Chart(d).mark_line(point=True).encode(x=x, y=y, color=alt.Color("series:N", title="draft, k"),
-                                                        tooltip=tip),
-              alt.Chart(d).mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(1.0))]
-    if cross is not None and len(cross) and cross["crossover_batch"].notna().any():
-        cx = cross.dropna(subset=["crossover_batch"]).merge(
-            d, left_on=["draft", "k", "crossover_batch"], right_on=["draft", "k", "batch"], suffixes=("_c", ""))
-        layers.append(alt.Chart(cx).mark_point(shape="cross", size=160, color="#cf222e", filled=True).encode(
-            x=x, y=y, tooltip=["draft", "k", alt.Tooltip("batch:Q", title="crossover batch"),
-                               alt.Tooltip("speedup:Q", format=".2f")]))
-    sub = "red ✕: first batch where speculation stops paying"
-    if df["workload"].nunique() == 1 and str(df["workload"].iloc[0]).startswith("mean of"):
-        sub = f"{df['workload'].iloc[0]}; {sub}"
-    return alt.layer(*layers).properties(width=300, height=200,
-                                         title=alt.TitleParams("speedup vs batch size", subtitle=sub))
 
 
 def _at_smallest_batch(df):
