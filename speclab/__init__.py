@@ -8,23 +8,13 @@ __all__ = ["SpeclabError", "load_model", "make_drafter", "SpeculativeDecoder", "
            "SamplingParams", "__version__"]
 
 
+_LAZY = {"load_model": "models", "make_drafter": "drafters", "SpeculativeDecoder": "engine",
+         "HookRegistry": "events", "Recorder": "metrics", "SamplingParams": "sampling"}
+
+
 def __getattr__(name):  # lazy: `import speclab` stays cheap (no torch import until needed)
-    if name == "load_model":
-        from .models import load_model
-        return load_model
-    if name == "make_drafter":
-        from .drafters import make_drafter
-        return make_drafter
-    if name == "SpeculativeDecoder":
-        from .engine import SpeculativeDecoder
-        return SpeculativeDecoder
-    if name == "HookRegistry":
-        from .events import HookRegistry
-        return HookRegistry
-    if name == "Recorder":
-        from .metrics import Recorder
-        return Recorder
-    if name == "SamplingParams":
-        from .sampling import SamplingParams
-        return SamplingParams
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(name)

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from .engine import SpeculativeDecoder
+from .engine import SpeculativeDecoder, _sync
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -76,11 +76,6 @@ class PeakRSS:
         else:
             self._stop = True
             self._t.join()
-
-
-def _sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
 
 
 class Methods:

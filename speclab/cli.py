@@ -17,26 +17,25 @@ ANSI = {"accepted": "\x1b[32m", "rejected": "\x1b[9;31m", "recovered": "\x1b[33m
 RESET = "\x1b[0m"
 
 
-def default_target() -> str:
+def _family_default(attr: str, fallback: str) -> str:
+    """The family's default model name when its weights are present, else ``fallback``."""
     try:
-        from .family import DEFAULT_TARGET, resolve
+        from . import family
 
-        if resolve(DEFAULT_TARGET) is not None:
-            return DEFAULT_TARGET
-    except Exception:
+        name = getattr(family, attr)
+        if family.resolve(name) is not None:
+            return name
+    except Exception:  # noqa: BLE001 - no family: fall back
         pass
-    return "target"
+    return fallback
+
+
+def default_target() -> str:
+    return _family_default("DEFAULT_TARGET", "target")
 
 
 def default_draft() -> str:
-    try:
-        from .family import DEFAULT_DRAFT, resolve
-
-        if resolve(DEFAULT_DRAFT) is not None:
-            return DEFAULT_DRAFT
-    except Exception:
-        pass
-    return "ngram"
+    return _family_default("DEFAULT_DRAFT", "ngram")
 
 
 def colour_tokens(tokens: list[dict], colour: bool = True) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from .events import EMITTED, Event, RoundEvent, RunFinished, RunStarted
+from .events import Event, RoundEvent, RunFinished, RunStarted
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -171,7 +171,3 @@ class Recorder:
         s["per_position_acceptance"] = str([round(x, 3) for x in s["per_position_acceptance"]])
         s.pop("phase_ms")
         return pd.DataFrame([s])
-
-
-def is_emitted(status: str) -> bool:
-    return status in EMITTED
