@@ -3,8 +3,11 @@ with a KV cache that the decoder can roll back by bookkeeping alone.
 
 Two backends share one contract, :class:`KVCache`::
 
-    logits = cache.forward(tokens, positions, valid)   # (B, T) each -> (B, T, V)
-    cache.truncate(lengths)                            # row b keeps positions < lengths[b]
+    logits = cache.forward(tokens, positions, valid, kv_len)   # (B, T) each -> (B, T, V)
+    cache.truncate(lengths)                                     # row b keeps positions < lengths[b]
+
+``kv_len`` is max(positions) + 1, known to the caller on the host; each row's positions are
+consecutive and real tokens come before padding, so a single row's are kv_len-T .. kv_len-1.
 
 * ``native`` (Llama-architecture models, the embedded family): our own forward over the model's
   weights (shared, not copied) with a static cache of shape (B, H, S, D) per layer. A token at
@@ -56,7 +59,7 @@ class StaticKVCache:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None = None,
                 kv_len: int | None = None, last_only: torch.Tensor | None = None) -> torch.Tensor:
         # padding (valid=False) sits after a row's real tokens, so no real query ever sees it
-        # contract: kv_len == max(positions) + 1 (the engine knows it on the host: no sync here)
+        # contract (module docstring): kv_len == max(positions) + 1, known on the host: no sync here
         if kv_len is None:
             kv_len = int(positions.max()) + 1
         return self.model(tokens, positions, self, kv_len, last_only)
@@ -122,7 +125,12 @@ class NativeLlama:
         freqs = pos[:, None] * inv_freq[None, :]  # (P, D/2)
         emb = torch.cat([freqs, freqs], -1)  # (P, D)
         dt, dev = self.embed.dtype, self.embed.device
-        self.cos, self.sin = emb.cos().to(dev, dt), emb.sin().to(dev, dt)
+        sin = emb.sin()
+        sin[:, : d // 2] = -sin[:, : d // 2]  # pre-signed for _rope
+        self.cos, self.sin = emb.cos().to(dev, dt), sin.to(dev, dt)
+        # causal[q, s]: slot s is visible from position q (single rows slice it instead of building it)
+        n = self.cfg.max_pos + 64
+        self.causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         dt = x.dtype
@@ -133,10 +141,10 @@ class NativeLlama:
         return w * x.to(dt)
 
     @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rot = torch.cat((-x[..., half:], x[..., :half]), -1)
-        return x * cos + rot * sin
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        # HF's x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1]: the same products, bit for
+        # bit, as x * cos + [x2, x1] * [-sin1, sin2] (a roll and a pre-signed sin: 4 ops instead of 6)
+        return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x @ w if self.pretransposed else F.linear(x, w)
@@ -147,24 +155,33 @@ class NativeLlama:
         B, T = tokens.shape
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         x = F.embedding(tokens, self.embed)  # (B, T, C)
-        cos = self.cos[positions][:, None]  # (B, 1, T, D)
-        sin = self.sin[positions][:, None]
-        if B == 1 and T == 1:
-            mask = None  # one query at position kv_len - 1 sees every slot: no mask to build
+        # A single row's positions are always kv_len-T .. kv_len-1 (the caller's contract): slices
+        # (views, no kernels) replace the gathers and scatters a ragged batch needs.
+        single = B == 1
+        p0 = kv_len - T
+        if single:
+            cos, sin = self.cos[p0:kv_len], self.sin[p0:kv_len]  # (T, D)
+            mask = None if T == 1 else self.causal[p0:kv_len, :kv_len]  # (T, S)
         else:
+            cos = self.cos[positions][:, None]  # (B, 1, T, D)
+            sin = self.sin[positions][:, None]
             slots = torch.arange(kv_len, device=tokens.device)
             mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, S)
         for i, (ln1, wqkv, wo, ln2, w13, w2) in enumerate(self.layers):
             h = self._norm(x, ln1)
             qkv = lin(h, wqkv)  # (B, T, (H + 2 Hkv) D)
-            q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], -1)
-            q = self._rope(q.view(B, T, H, D).transpose(1, 2), cos, sin)  # (B, H, T, D)
-            k = self._rope(k.view(B, T, Hkv, D).transpose(1, 2), cos, sin)  # (B, Hkv, T, D)
-            v = v.view(B, T, Hkv, D)  # (B, T, Hkv, D)
-            # write each row's new keys at its own positions: cache[b, :, positions[b, t]] = k[b, :, t]
-            cache.k[i][cache.rows, :, positions] = k.transpose(1, 2)
-            cache.v[i][cache.rows, :, positions] = v
-            kk, vv = cache.k[i][:, :, :kv_len], cache.v[i][:, :, :kv_len]  # (B, Hkv, S, D)
+            # rotate q and k together: one set of rope kernels per layer
+            qk = self._rope(qkv[..., : (H + Hkv) * D].view(B, T, H + Hkv, D).transpose(1, 2), cos, sin)
+            q, k = qk[:, :H], qk[:, H:]  # (B, H, T, D), (B, Hkv, T, D)
+            v = qkv[..., (H + Hkv) * D :].view(B, T, Hkv, D)  # (B, T, Hkv, D)
+            kc, vc = cache.k[i], cache.v[i]
+            if single:
+                kc[:, :, p0:kv_len] = k
+                vc[:, :, p0:kv_len] = v.transpose(1, 2)
+            else:  # each row's new keys at its own positions: cache[b, :, positions[b, t]] = k[b, :, t]
+                kc[cache.rows, :, positions] = k.transpose(1, 2)
+                vc[cache.rows, :, positions] = v
+            kk, vv = kc[:, :, :kv_len], vc[:, :, :kv_len]  # (B, Hkv, S, D)
             y = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=Hkv != H)  # (B, H, T, D)
             x = x + lin(y.transpose(1, 2).reshape(B, T, H * D), wo)
             h = self._norm(x, ln2)
