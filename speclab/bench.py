@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from .costmodel import step_costs
 from .engine import SpeculativeDecoder, _sync
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -135,35 +136,6 @@ class Methods:
         return self._sl(self.ngram, ids, k, True)
 
 
-def step_costs(target, draft, ks, ctx_len=128, reps=40) -> dict:
-    """Median seconds of one target decode step, one draft decode step, and one target verification
-    of k+1 tokens, against a cache of ctx_len tokens (the engine's own forward). The measurements
-    are interleaved (target, draft, verify k..., target, ...) so load bursts hit them alike."""
-    dev = target.device
-
-    def prepare(lm, T):
-        cache = lm.new_cache(1, ctx_len + 64)
-        ids = torch.randint(0, min(lm.vocab_size, target.vocab_size), (1, ctx_len), device=dev)
-        cache.forward(ids, torch.arange(ctx_len, device=dev)[None], None, kv_len=ctx_len)
-        tok = torch.randint(0, min(lm.vocab_size, target.vocab_size), (1, T), device=dev)
-        pos = (ctx_len + torch.arange(T, device=dev))[None]
-        return lambda: cache.forward(tok, pos, None, kv_len=ctx_len + T)
-
-    fns = {"target": prepare(target, 1), "draft": prepare(draft, 1)}
-    fns.update({k: prepare(target, k + 1) for k in ks})
-    times = {name: [] for name in fns}
-    for i in range(reps + 3):
-        for name, fn in fns.items():
-            _sync(dev)
-            t0 = time.perf_counter()
-            fn()
-            _sync(dev)
-            if i >= 3:
-                times[name].append(time.perf_counter() - t0)
-    med = {name: statistics.median(v) for name, v in times.items()}
-    return {"target_step_s": med["target"], "draft_step_s": med["draft"], "verify_s": {k: med[k] for k in ks}}
-
-
 def leviathan(a: float, k: int, c: float) -> float:
     """Expected speedup of Leviathan et al. (2023): (1 - a^(k+1)) / ((1 - a)(k c + 1))."""
     from .costmodel import expected_speedup
@@ -230,7 +202,7 @@ def run_compare(args) -> int:
                         r["tpr"].append(acc[1])
         # step costs under the same conditions, at this workload's typical context length
         ctx = int(statistics.median(len(ids) for ids in prompts)) + args.max_new_tokens // 2
-        costs_by_wl[w] = step_costs(target, draft, ks, ctx_len=ctx)
+        costs_by_wl[w] = step_costs(target, draft, ks, context=ctx)
         log(f"[compare] {w}: done")
     # acceptance of the events-off runs is that of the same runs with events on (greedy: same tokens)
     for (name, w, k), r in results.items():

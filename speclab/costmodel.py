@@ -13,7 +13,7 @@ plain decoding is::
 
     speedup(a, k, c) = (1 - a^(k+1)) / ((1 - a) (k c + v))
 
-Pure functions, no torch: the notebooks and tests use them; :func:`time_forward` (torch, lazy
+Pure functions, no torch: the notebooks and tests use them; :func:`step_costs` (torch, lazy
 import) measures ``c`` and ``v`` on the machine at hand.
 """
 
@@ -28,6 +28,7 @@ __all__ = [
     "expected_speedup",
     "expected_tokens_per_round",
     "speedup_curve",
+    "step_costs",
     "time_forward",
     "verify_costs",
 ]
@@ -100,61 +101,75 @@ def speedup_curve(a: float, c: float, ks, v=None) -> list[dict]:
 # measuring c (and v) on this machine
 
 
-def time_forward(lm, batch: int = 1, context: int = 64, tokens: int = 1, steps: int = 20, warmup: int = 3,
-                 repeats: int = 3) -> float:
-    """Median seconds of one cached forward of ``tokens`` new positions per row after ``context``
-    prompt positions (tokens=1: a decode step; tokens=k+1: a verify). Uses the model's own
-    KV cache (``lm.new_cache(...).forward``), i.e. the engine's code path."""
+def _stepper(lm, batch: int, context: int, tokens: int, vocab: int | None = None):
+    """A closure that runs one cached forward of ``tokens`` new positions per row after ``context``
+    prompt positions, through the model's own KV cache (the engine's code path). Every call writes
+    the same slots, so every call costs the same."""
+    import torch
+
+    dev = lm.device
+    V = min(lm.vocab_size, vocab or lm.vocab_size)
+    cache = lm.new_cache(batch, context + tokens)
+    pos = torch.arange(context, device=dev)[None].expand(batch, context)
+    cache.forward(torch.randint(0, V, (batch, context), device=dev), pos, None, kv_len=context)
+    tok = torch.randint(0, V, (batch, tokens), device=dev)
+    p = (context + torch.arange(tokens, device=dev))[None].expand(batch, tokens)
+    return lambda: cache.forward(tok, p, None, kv_len=context + tokens)
+
+
+def interleaved_times(fns: dict, reps: int, warmup: int = 3, device=None) -> dict:
+    """Median seconds of each callable, timed round-robin (a, b, c, a, b, c, ...) so that load
+    bursts on a shared machine hit them alike."""
     import statistics
 
     import torch
 
-    dev = lm.device
-    total = context + tokens * (steps + warmup) + 1
-    results = []
-    for _ in range(repeats):
-        cache = lm.new_cache(batch, total)
-        ids = torch.randint(0, lm.vocab_size, (batch, total), device=dev)
-        pos = torch.arange(context, device=dev)[None].expand(batch, context)
-        cache.forward(ids[:, :context], pos, None, kv_len=context)
-        L = context
-        times = []
-        for s in range(steps + warmup):
-            p = (L + torch.arange(tokens, device=dev))[None].expand(batch, tokens)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
+    cuda = device is not None and torch.device(device).type == "cuda"
+    times = {name: [] for name in fns}
+    for i in range(reps + warmup):
+        for name, fn in fns.items():
+            if cuda:
+                torch.cuda.synchronize(device)
             t = time.perf_counter()
-            cache.forward(ids[:, L:L + tokens], p, None, kv_len=L + tokens)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            if s >= warmup:
-                times.append(time.perf_counter() - t)
-            L += tokens
-        results.append(statistics.median(times))
-    return statistics.median(results)
+            fn()
+            if cuda:
+                torch.cuda.synchronize(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def step_costs(target, draft=None, ks=(), *, batch: int = 1, context: int = 128, reps: int = 40) -> dict:
+    """Median seconds of one target decode step, one draft decode step (``draft``: an LM or None)
+    and one target verification of k+1 positions for each k in ``ks``, all against a cache of
+    ``context`` positions and timed interleaved. The one timer behind :func:`cost_ratio`,
+    :func:`verify_costs`, :func:`time_forward` and ``speclab bench --compare``."""
+    ks = [int(k) for k in ks if int(k) > 0]
+    fns = {"target": _stepper(target, batch, context, 1)}
+    if draft is not None:
+        fns["draft"] = _stepper(draft, batch, context, 1, vocab=target.vocab_size)
+    fns.update({k: _stepper(target, batch, context, k + 1) for k in ks})
+    med = interleaved_times(fns, reps, device=target.device)
+    return {"target_step_s": med["target"], "draft_step_s": med.get("draft"),
+            "verify_s": {k: med[k] for k in ks}}
+
+
+def time_forward(lm, batch: int = 1, context: int = 64, tokens: int = 1, steps: int = 20, warmup: int = 3,
+                 repeats: int = 3) -> float:
+    """Median seconds of one cached forward of ``tokens`` new positions per row after ``context``
+    prompt positions (tokens=1: a decode step; tokens=k+1: a verify)."""
+    return interleaved_times({"f": _stepper(lm, batch, context, tokens)}, steps * repeats, warmup,
+                             device=lm.device)["f"]
 
 
 def cost_ratio(draft_lm, target_lm, batch: int = 1, context: int = 64, steps: int = 20, repeats: int = 3) -> float:
-    """c = draft decode-step time / target decode-step time, measured here. The two are timed
-    back to back, ``repeats`` times, and the median ratio is returned (robust to a busy machine)."""
-    import statistics
-
-    ratios = []
-    for _ in range(repeats):
-        t_d = time_forward(draft_lm, batch, context, 1, steps, repeats=1)
-        t_t = time_forward(target_lm, batch, context, 1, steps, repeats=1)
-        ratios.append(t_d / t_t)
-    return statistics.median(ratios)
+    """c = draft decode-step time / target decode-step time, measured here (interleaved timings)."""
+    sc = step_costs(target_lm, draft_lm, (), batch=batch, context=context, reps=steps * repeats)
+    return sc["draft_step_s"] / sc["target_step_s"]
 
 
 def verify_costs(lm, ks, batch: int = 1, context: int = 64, steps: int = 20, repeats: int = 3) -> dict[int, float]:
     """v(k) = time of one forward over k+1 positions / time of a one-token step, for each k in ``ks``
-    (v(0) = 1). Each ratio is timed back to back and the median over ``repeats`` is returned."""
-    import statistics
-
-    ratios: dict[int, list[float]] = {int(k): [] for k in ks}
-    for _ in range(repeats):
-        for k, r in ratios.items():
-            one = time_forward(lm, batch, context, 1, steps, repeats=1)
-            r.append(time_forward(lm, batch, context, k + 1, steps, repeats=1) / one if k else 1.0)
-    return {k: statistics.median(r) for k, r in ratios.items()}
+    (v(0) = 1), from interleaved timings."""
+    sc = step_costs(lm, None, ks, batch=batch, context=context, reps=steps * repeats)
+    return {int(k): (sc["verify_s"][int(k)] / sc["target_step_s"] if int(k) else 1.0) for k in ks}

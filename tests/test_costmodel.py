@@ -64,3 +64,35 @@ def test_curve_and_validation():
         expected_speedup(0.5, -1, 0.1)
     with pytest.raises(ValueError):
         expected_speedup(0.5, 2, -0.1)
+
+
+def test_interleaved_timer_orders_and_measures():
+    import time as _time
+
+    from speclab.costmodel import interleaved_times
+
+    calls = []
+    med = interleaved_times({"slow": lambda: (calls.append("s"), _time.sleep(0.004)),
+                             "fast": lambda: calls.append("f")}, reps=5, warmup=1)
+    assert calls[:4] == ["s", "f", "s", "f"]  # round-robin, not one block per callable
+    assert len(calls) == 12
+    assert med["slow"] >= 0.004 > med["fast"]
+
+
+def test_step_costs_on_shipped_models():
+    from speclab.family import list_models
+
+    if not {"target", "draft-xs"} <= {m["name"] for m in list_models()}:
+        pytest.skip("family not trained")
+    from speclab.costmodel import cost_ratio, step_costs, time_forward, verify_costs
+    from speclab.models import load_model
+
+    target, draft = load_model("target"), load_model("draft-xs")
+    sc = step_costs(target, draft, [0, 2, 4], context=32, reps=3)
+    assert set(sc["verify_s"]) == {2, 4}  # k = 0 has no verify forward of its own
+    assert sc["target_step_s"] > 0 and sc["draft_step_s"] > 0 and all(v > 0 for v in sc["verify_s"].values())
+    assert step_costs(target, None, [1], context=16, reps=1)["draft_step_s"] is None
+    v = verify_costs(target, [0, 3], context=16, steps=2, repeats=1)
+    assert v[0] == 1.0 and v[3] > 0
+    assert cost_ratio(draft, target, context=16, steps=2, repeats=1) > 0
+    assert time_forward(target, batch=2, context=16, tokens=2, steps=2, repeats=1) > 0
