@@ -128,9 +128,7 @@ class NativeLlama:
         sin = emb.sin()
         sin[:, : d // 2] = -sin[:, : d // 2]  # pre-signed for _rope
         self.cos, self.sin = emb.cos().to(dev, dt), sin.to(dev, dt)
-        # causal[q, s]: slot s is visible from position q (single rows slice it instead of building it)
-        n = self.cfg.max_pos + 64
-        self.causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+        self._causal = torch.ones(0, 0, dtype=torch.bool, device=dev)
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         dt = x.dtype
@@ -145,6 +143,14 @@ class NativeLlama:
         # HF's x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1]: the same products, bit for
         # bit, as x * cos + [x2, x1] * [-sin1, sin2] (a roll and a pre-signed sin: 4 ops instead of 6)
         return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
+
+    def _causal_rows(self, p0: int, kv_len: int) -> torch.Tensor:
+        """causal[q, s] = slot s is visible from position q, for q in p0..kv_len-1: a slice of a
+        lower-triangular table grown on demand (powers of two), not one built per call."""
+        if self._causal.shape[0] < kv_len:
+            n = 1 << max(8, (kv_len - 1).bit_length())
+            self._causal = torch.ones(n, n, dtype=torch.bool, device=self._causal.device).tril()
+        return self._causal[p0:kv_len, :kv_len]  # (T, S)
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x @ w if self.pretransposed else F.linear(x, w)
@@ -161,7 +167,7 @@ class NativeLlama:
         p0 = kv_len - T
         if single:
             cos, sin = self.cos[p0:kv_len], self.sin[p0:kv_len]  # (T, D)
-            mask = None if T == 1 else self.causal[p0:kv_len, :kv_len]  # (T, S)
+            mask = None if T == 1 else self._causal_rows(p0, kv_len)  # (T, S)
         else:
             cos = self.cos[positions][:, None]  # (B, 1, T, D)
             sin = self.sin[positions][:, None]
