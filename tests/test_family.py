@@ -30,7 +30,7 @@ def test_registry_importable_without_weights(tmp_path):
 def test_list_models_fields():
     ms = models_or_skip()
     names = {m["name"] for m in ms}
-    assert {"target", "draft-xs", "draft-s", "draft-distill", "mismatch"} <= names
+    assert {"target", "draft-xs", "draft-s", "draft-distill", "draft-xs-distill", "mismatch"} <= names
     assert DEFAULT_TARGET in names and DEFAULT_DRAFT in names
     for m in ms:
         assert {"name", "role", "parameters", "tokenizer", "path"} <= set(m)
@@ -39,11 +39,12 @@ def test_list_models_fields():
         assert Path(m["path"]).is_absolute() and Path(m["path"]).is_dir()
         assert resolve(m["name"]) == Path(m["path"])
     roles = {m["name"]: m["role"] for m in ms}
-    assert roles["target"] == "target" and roles["draft-distill"] == "distilled-draft"
+    assert roles["target"] == "target" and roles["draft-distill"] == roles["draft-xs-distill"] == "distilled-draft"
     assert roles["mismatch"] == "mismatched"
     by = {m["name"]: m for m in ms}
     # one tokenizer for target and drafts, another for the mismatched model
-    assert len({by[n]["tokenizer"] for n in ("target", "draft-xs", "draft-s", "draft-distill")}) == 1
+    same = ("target", "draft-xs", "draft-s", "draft-distill", "draft-xs-distill")
+    assert len({by[n]["tokenizer"] for n in same}) == 1
     assert by["mismatch"]["tokenizer"] != by["target"]["tokenizer"]
     # the target is clearly better than every draft
     drafts = [m for m in ms if m["role"] in ("draft", "distilled-draft")]
@@ -168,8 +169,29 @@ def test_report_format_and_checks():
            "drafters": ["draft-s", "draft-distill", "ngram"], "rows": rows}
     text = format_report(rep)
     assert "draft-distill" in text and "acc@T=0" in text
-    checks = check_targets(rep, "draft-distill")
+    checks = check_targets(rep, "draft-distill", pairs=[("draft-distill", "draft-s")])
     assert checks and all(checks.values())
+    assert "T=0 draft-distill > draft-s on every workload" in checks
+    # a distilled draft that loses on one workload fails its check
+    for r in rows:
+        if r["drafter"] == "draft-distill" and r["workload"] == "copy":
+            r["acceptance_rate"] = 0.1
+    checks = check_targets(rep, "draft-distill", pairs=[("draft-distill", "draft-s")])
+    assert not checks["T=0 draft-distill > draft-s on every workload"]
+
+
+def test_distill_pairs_match_architectures():
+    from speclab.family.report import distill_pairs
+
+    arch = lambda h: {"hidden": h, "layers": 2}  # noqa: E731
+    models = [{"name": "a", "role": "draft", "architecture": arch(96)},
+              {"name": "b", "role": "draft", "architecture": arch(160)},
+              {"name": "a-d", "role": "distilled-draft", "architecture": arch(96)},
+              {"name": "b-d", "role": "distilled-draft", "architecture": arch(160)},
+              {"name": "t", "role": "target", "architecture": arch(96)}]
+    assert sorted(distill_pairs(models)) == [("a-d", "a"), ("b-d", "b")]
+    if family.list_models():
+        assert {("draft-distill", "draft-s"), ("draft-xs-distill", "draft-xs")} <= set(distill_pairs())
 
 
 def test_bench_smoke():

@@ -92,7 +92,8 @@ def format_report(report: dict) -> str:
     """One table: rows = workload x drafter; columns = acceptance and mean accepted length per temperature."""
     temps = sorted({r["temperature"] for r in report["rows"]})
     by = {(r["workload"], r["drafter"], r["temperature"]): r for r in report["rows"]}
-    head = f"{'workload':<12} {'drafter':<14}" + "".join(
+    dw = max([14] + [len(d) for d in report["drafters"]])
+    head = f"{'workload':<12} {'drafter':<{dw}}" + "".join(
         f" {'acc@T=' + format(t, 'g'):>9} {'len@T=' + format(t, 'g'):>9}" for t in temps)
     lines = [f"acceptance at k={report['k']} (target {report['target']}, {report['max_new_tokens']} new tokens; "
              f"len = tokens per round incl. the bonus/recovered token)", head, "-" * len(head)]
@@ -106,14 +107,23 @@ def format_report(report: dict) -> str:
             for t in temps:
                 r = by.get((w, d, t), {})
                 cells += f" {f(r.get('acceptance_rate'))} {f(r.get('mean_accepted_length'))}"
-            lines.append(f"{w:<12} {d:<14}{cells}")
+            lines.append(f"{w:<12} {d:<{dw}}{cells}")
     return "\n".join(lines)
 
 
-def check_targets(report: dict, best_draft: str, distilled: str = "draft-distill",
-                  undistilled_same_size: str = "draft-s") -> dict[str, bool]:
-    """The design goals of the family, checked on a report (greedy and T=0.8 separately)."""
+def distill_pairs(models: list[dict] | None = None) -> list[tuple[str, str]]:
+    """(distilled, undistilled) drafts of the same architecture, from the manifest."""
+    models = list_models() if models is None else models
+    plain = [m for m in models if m["role"] == "draft"]
+    return [(d["name"], u["name"]) for d in models if d["role"] == "distilled-draft"
+            for u in plain if u.get("architecture") == d.get("architecture")]
+
+
+def check_targets(report: dict, best_draft: str, pairs: list[tuple[str, str]] | None = None) -> dict[str, bool]:
+    """The design goals of the family, checked on a report (greedy and T=0.8 separately).
+    ``pairs``: (distilled, undistilled of the same size); default: from the manifest."""
     by = {(r["workload"], r["drafter"], r["temperature"]): r for r in report["rows"]}
+    pairs = distill_pairs() if pairs is None else pairs
     out = {}
     for t in sorted({r["temperature"] for r in report["rows"]}):
         def acc(w, d, t=t):
@@ -126,9 +136,10 @@ def check_targets(report: dict, best_draft: str, distilled: str = "draft-distill
                 if w in ws:
                     out[f"T={t:g} {best_draft} {w} >= creative + 0.15"] = (
                         acc(w, best_draft) >= acc("creative", best_draft) + 0.15)
-        if distilled in report["drafters"] and undistilled_same_size in report["drafters"]:
-            out[f"T={t:g} {distilled} > {undistilled_same_size} on every workload"] = all(
-                acc(w, distilled) > acc(w, undistilled_same_size) for w in ws)
+        for distilled, undistilled in pairs:
+            if distilled in report["drafters"] and undistilled in report["drafters"]:
+                out[f"T={t:g} {distilled} > {undistilled} on every workload"] = all(
+                    acc(w, distilled) > acc(w, undistilled) for w in ws)
         if "json" in ws:
             r = by.get(("json", best_draft, t))
             out[f"T={t:g} {best_draft} mean accepted length on json >= 2.5"] = bool(
@@ -156,7 +167,7 @@ def run_from_args(args) -> int:
 
     def progress(row):
         if not args.quiet:
-            print(f"  {row['workload']:<12} {row['drafter']:<14} T={row['temperature']:<4g} "
+            print(f"  {row['workload']:<12} {row['drafter']:<16} T={row['temperature']:<4g} "
                   f"acc={row['acceptance_rate']} len={row['mean_accepted_length']}", flush=True)
 
     rep = acceptance_report(args.workload, target=args.target or DEFAULT_TARGET, drafters=drafters, k=args.k,

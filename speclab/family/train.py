@@ -55,41 +55,65 @@ class ModelSpec:
     # ((from_step, fraction), ...): share of each batch drawn from copy-heavy documents
     # (corpus.copy_documents) from that step on
     copy_schedule: tuple = ()
+    # the same for extra rows drawn from the code documents only (code is the hardest source)
+    code_schedule: tuple = ()
+    # models with the same seed_name start from the same weights and see the same batches
+    seed_name: str | None = None
 
     def copy_fraction_at(self, step: int) -> float:
-        frac = 0.0
-        for start, f in self.copy_schedule:
-            if step >= start:
-                frac = f
-        return frac
+        return _fraction_at(self.copy_schedule, step)
+
+    def code_fraction_at(self, step: int) -> float:
+        return _fraction_at(self.code_schedule, step)
 
     def key(self) -> str:
         d = asdict(self)
-        if not d["copy_schedule"]:  # field added later: absent means ()
-            d.pop("copy_schedule")
+        for k in ("copy_schedule", "code_schedule", "seed_name"):
+            if not d[k]:  # fields added later: absent means () / None
+                d.pop(k)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
     def resume_key(self) -> str:
         """Like :meth:`key` but without the token budget: a checkpoint survives a changed budget
         (the cosine schedule then stretches or shrinks over the remaining steps)."""
         d = asdict(self)
-        for k in ("tokens", "copy_schedule"):  # budget and data mixture, not the model
+        for k in ("tokens", "copy_schedule", "code_schedule"):  # budget and data mixture, not the model
             d.pop(k)
-        if d.get("init_from") is None:  # field added later; absent means the same as None
-            d.pop("init_from")
+        for k in ("init_from", "seed_name"):
+            if d.get(k) is None:  # fields added later; absent means the same as None
+                d.pop(k)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def _fraction_at(schedule: tuple, step: int) -> float:
+    frac = 0.0
+    for start, f in schedule:
+        if step >= start:
+            frac = f
+    return frac
+
+
+DRAFT_COPY = ((0, 0.25),)  # the target's late mixture, from the first step
+DRAFT_CODE = ((0, 0.34),)
+
 DEFAULT_SPECS: list[ModelSpec] = [
-    # the last ~2.5M tokens mix in copy-heavy documents so the target learns to copy from its context
-    ModelSpec("target", "target", hidden=256, layers=6, heads=4, ffn=688, tokens=7_000_000, lr=1.5e-3,
-              copy_schedule=((976, 0.25), (1193, 0.5))),
-    ModelSpec("draft-s", "draft", hidden=160, layers=4, heads=4, ffn=432, tokens=1_800_000, lr=3e-3),
-    # DistillSpec-style: start from draft-s and continue on the target's soft distributions (KL)
-    ModelSpec("draft-distill", "distilled-draft", hidden=160, layers=4, heads=4, ffn=432, tokens=750_000,
-              lr=1e-3, teacher="target", init_from="draft-s", warmup=30,
-              copy_schedule=((0, 0.5),)),
-    ModelSpec("draft-xs", "draft", hidden=96, layers=2, heads=2, ffn=256, tokens=2_000_000, lr=4e-3),
+    # the target: ~7M general tokens, then copy-heavy and code-only rows mixed in so it learns to copy from
+    # its context and spends more of its budget on code (records are learned early: held-out loss < 1)
+    ModelSpec("target", "target", hidden=256, layers=6, heads=4, ffn=688, tokens=17_000_000, lr=1.5e-3,
+              copy_schedule=((976, 0.25), (1193, 0.5), (1519, 0.25)), code_schedule=((1519, 0.34),)),
+    # Drafts: two sizes, each trained twice on the same data mixture and token budget, once on the
+    # corpus's next tokens (cross-entropy) and once distilled: KL(target || draft) on the target's full
+    # soft distributions (DistillSpec-style). Same size, initial weights, batches and token budget (a
+    # shared seed_name): only the labels differ.
+    ModelSpec("draft-s", "draft", hidden=160, layers=4, heads=4, ffn=432, tokens=4_000_000, lr=3e-3,
+              copy_schedule=DRAFT_COPY, code_schedule=DRAFT_CODE),
+    ModelSpec("draft-distill", "distilled-draft", hidden=160, layers=4, heads=4, ffn=432, tokens=4_000_000,
+              lr=3e-3, teacher="target", copy_schedule=DRAFT_COPY, code_schedule=DRAFT_CODE, seed_name="draft-s"),
+    ModelSpec("draft-xs", "draft", hidden=96, layers=2, heads=2, ffn=256, tokens=4_000_000, lr=4e-3,
+              copy_schedule=DRAFT_COPY, code_schedule=DRAFT_CODE),
+    ModelSpec("draft-xs-distill", "distilled-draft", hidden=96, layers=2, heads=2, ffn=256, tokens=4_000_000,
+              lr=4e-3, teacher="target", copy_schedule=DRAFT_COPY, code_schedule=DRAFT_CODE,
+              seed_name="draft-xs"),
     ModelSpec("mismatch", "mismatched", hidden=96, layers=2, heads=2, ffn=256, tokens=500_000, lr=4e-3,
               tokenizer="alt"),
 ]
@@ -175,6 +199,7 @@ class Data:
     heldout: np.ndarray
     heldout_by_source: dict[str, np.ndarray]
     copy: np.ndarray | None = None
+    code: np.ndarray | None = None
 
 
 def encode_corpus(tok, corpus: Corpus) -> Data:
@@ -284,7 +309,7 @@ def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, 
     run = cfg.runs_dir / spec.name
     run.mkdir(parents=True, exist_ok=True)
     ckpt = run / "state.ckpt"
-    seed = cfg.seed * 1000 + sum(map(ord, spec.name))
+    seed = cfg.seed * 1000 + sum(map(ord, spec.seed_name or spec.name))
     model = new_model(spec, vocab, eot, seed)
     if init_state is not None:
         model.load_state_dict(init_state)
@@ -317,9 +342,14 @@ def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, 
     ema = None
     while step < total_steps:
         x = batch_at(data.train, seed, step, spec.batch, spec.seq)
+        # rows 0..n_copy-1 from the copy-heavy stream, the next n_code from code only, the rest general
+        n_copy = n_code = 0
         if spec.copy_fraction_at(step) > 0 and data.copy is not None:
             n_copy = max(1, round(spec.batch * spec.copy_fraction_at(step)))
             x[:n_copy] = batch_at(data.copy, seed + 1, step, n_copy, spec.seq)
+        if spec.code_fraction_at(step) > 0 and data.code is not None:
+            n_code = max(1, round(spec.batch * spec.code_fraction_at(step)))
+            x[n_copy : n_copy + n_code] = batch_at(data.code, seed + 2, step, n_code, spec.seq)
         inp, tgt = x[:, :-1], x[:, 1:]
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total_steps, spec)
@@ -557,8 +587,14 @@ def train_family(cfg: TrainConfig, log=print) -> dict:
                 cdocs = copy_documents(corpus.train, cfg.seed, cfg.copy_chars)
                 data[kind].copy = encode_docs(toks[kind], cdocs)
                 np.save(cpath, data[kind].copy)
+            kpath = cfg.runs_dir / f"code-{kind}-{fp}-{tokenizer_id(toks[kind])}.npy"
+            if kpath.exists():
+                data[kind].code = np.load(kpath)
+            else:
+                data[kind].code = encode_docs(toks[kind], [d for d in corpus.train if d.source == "code"])
+                np.save(kpath, data[kind].code)
             log(f"data {kind}: {len(data[kind].train):,} train tokens, {len(data[kind].heldout):,} held-out, "
-                f"{len(data[kind].copy):,} copy-heavy")
+                f"{len(data[kind].copy):,} copy-heavy, {len(data[kind].code):,} code")
         return data[kind]
 
     manifest_path = cfg.out_dir / "family.json"
