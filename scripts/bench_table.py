@@ -61,14 +61,15 @@ def main(path):
     out.append("")
     out.append(f"Crossover batch (speculation stops paying): **{rep['crossover_batch']}**")
     out.append("")
-    out.append("| target | measured | goal | |")
-    out.append("|---|---:|---|---|")
+    out.append("| target | measured | goal | | by method (best k) |")
+    out.append("|---|---:|---|---|---|")
     for name, t in rep["targets"].items():
         v = t["value"]
         vs = f"{v:.3f}" if isinstance(v, float) else str(v)
         goal = ("<= " if t.get("lower_is_better") else ">= ") + str(t["goal"]) if not isinstance(t["goal"], bool) \
             else str(t["goal"])
-        out.append(f"| {name} | {vs} | {goal} | {'met' if t['met'] else '**not met**'} |")
+        how = ", ".join(f"{m} {b['value']:.2f} at k={b['k']}" for m, b in t.get("by_method", {}).items())
+        out.append(f"| {name} | {vs} | {goal} | {'met' if t['met'] else '**not met**'} | {how} |")
     print("\n".join(out))
 
 

@@ -1,0 +1,35 @@
+"""`speclab bench --compare` end to end on the shipped family, tiny settings: the JSON has the fields
+the README documents, every output is identical to HF generate, and the targets are computed."""
+
+import json
+
+import pytest
+
+from speclab.family import list_models
+
+
+def test_compare_smoke(tmp_path, capsys):
+    if not {"target", "draft-xs"} <= {m["name"] for m in list_models()}:
+        pytest.skip("family not trained")
+    from speclab.cli import main
+
+    out = tmp_path / "compare.json"
+    rc = main(["bench", "--compare", "--draft", "draft-xs", "--workload", "json,code", "--prompts-per-workload", "1",
+               "--reps", "1", "--ks", "2", "--batches", "1,2", "--max-new-tokens", "8", "--threads", "1",
+               "--json", str(out), "--quiet"])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert {"rows", "efficiency", "crossover_batch", "batch", "targets"} <= set(rep)
+    methods = {r["method"] for r in rep["rows"]}
+    assert {"hf-plain", "hf-assisted", "hf-pld", "speclab-plain", "speclab-draft", "speclab-ngram"} <= methods
+    for r in rep["rows"]:
+        assert {"method", "workload", "k", "batch", "tokens_per_s", "ratio_vs_hf_plain", "acceptance_rate",
+                "identical"} <= set(r)
+        assert r["identical"] and r["tokens_per_s"] > 0
+    assert [b["batch"] for b in rep["batch"]] == [1, 2]
+    for e in rep["efficiency"]["per_workload"]:
+        assert e["predicted_speedup"] > 0 and 0 < e["forward_share_plain"] and 0 < e["forward_share_spec"]
+    t = rep["targets"]["spec_vs_plain_code"]
+    assert t["method"] in ("speclab-draft", "speclab-ngram")
+    assert t["value"] == max(b["value"] for b in t["by_method"].values())
+    assert "target spec_vs_plain_json" in capsys.readouterr().out
