@@ -60,7 +60,7 @@ def notebook_env(tmp_path_factory):
     from speclab.nb import family_available, make_tiny_family
 
     env = {"SPECLAB_NB_SMALL": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    shipped = family_available(DEFAULT_TARGET, DEFAULT_DRAFT, "draft-xs")
+    shipped = family_available(DEFAULT_TARGET, DEFAULT_DRAFT, "draft-xs", "draft-xs-distill")
     if os.environ.get("SPECLAB_NB_TEST_TINY") == "1" or not shipped:
         d = make_tiny_family(tmp_path_factory.mktemp("nb_models"))
         env.update(SPECLAB_NB_TARGET=d["tiny-target"], SPECLAB_NB_DRAFT=d["tiny-draft"],
