@@ -203,3 +203,25 @@ def test_bench_smoke():
     assert len(rep["rows"]) == 2
     for r in rep["rows"]:
         assert r["mean_accepted_length"] is None or 1.0 <= r["mean_accepted_length"] <= 5.0
+
+
+def test_spec_schedules_and_shared_seed():
+    from speclab.family.train import DEFAULT_SPECS, ModelSpec
+
+    s = ModelSpec("m", "draft", hidden=8, layers=1, heads=1, ffn=8, tokens=100, lr=1e-3,
+                  copy_schedule=((0, 0.25), (10, 0.5)), code_schedule=((5, 0.34),))
+    assert [s.copy_fraction_at(i) for i in (0, 9, 10)] == [0.25, 0.25, 0.5]
+    assert [s.code_fraction_at(i) for i in (4, 5)] == [0.0, 0.34]
+    # the mixture and the budget are not part of what a checkpoint resumes from; the model is
+    import dataclasses
+
+    assert dataclasses.replace(s, tokens=999, code_schedule=()).resume_key() == s.resume_key()
+    assert dataclasses.replace(s, hidden=16).resume_key() != s.resume_key()
+    # each distilled draft shares its seed (initial weights, batch order) with its cross-entropy twin
+    by = {sp.name: sp for sp in DEFAULT_SPECS}
+    for distilled, twin in (("draft-distill", "draft-s"), ("draft-xs-distill", "draft-xs")):
+        d, t = by[distilled], by[twin]
+        assert (d.seed_name or d.name) == (t.seed_name or t.name)
+        assert (d.hidden, d.layers, d.tokens, d.copy_schedule, d.code_schedule) == \
+            (t.hidden, t.layers, t.tokens, t.copy_schedule, t.code_schedule)
+        assert d.teacher == "target" and t.teacher is None

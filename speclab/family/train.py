@@ -202,6 +202,15 @@ class Data:
     code: np.ndarray | None = None
 
 
+def _cached_stream(path: Path, build) -> np.ndarray:
+    """A token stream saved beside the checkpoints: built once, loaded after."""
+    if path.exists():
+        return np.load(path)
+    arr = build()
+    np.save(path, arr)
+    return arr
+
+
 def encode_corpus(tok, corpus: Corpus) -> Data:
     by_src = {}
     for src in sorted({d.source for d in corpus.heldout}):
@@ -580,19 +589,11 @@ def train_family(cfg: TrainConfig, log=print) -> dict:
                 np.savez(path, train=d.train, heldout=d.heldout,
                          **{"ho_" + k: v for k, v in d.heldout_by_source.items()})
                 data[kind] = d
-            cpath = cfg.runs_dir / f"copy2-{kind}-{fp}-{tokenizer_id(toks[kind])}.npy"
-            if cpath.exists():
-                data[kind].copy = np.load(cpath)
-            else:
-                cdocs = copy_documents(corpus.train, cfg.seed, cfg.copy_chars)
-                data[kind].copy = encode_docs(toks[kind], cdocs)
-                np.save(cpath, data[kind].copy)
-            kpath = cfg.runs_dir / f"code-{kind}-{fp}-{tokenizer_id(toks[kind])}.npy"
-            if kpath.exists():
-                data[kind].code = np.load(kpath)
-            else:
-                data[kind].code = encode_docs(toks[kind], [d for d in corpus.train if d.source == "code"])
-                np.save(kpath, data[kind].code)
+            tid = tokenizer_id(toks[kind])
+            data[kind].copy = _cached_stream(cfg.runs_dir / f"copy2-{kind}-{fp}-{tid}.npy", lambda: encode_docs(
+                toks[kind], copy_documents(corpus.train, cfg.seed, cfg.copy_chars)))
+            data[kind].code = _cached_stream(cfg.runs_dir / f"code-{kind}-{fp}-{tid}.npy", lambda: encode_docs(
+                toks[kind], [d for d in corpus.train if d.source == "code"]))
             log(f"data {kind}: {len(data[kind].train):,} train tokens, {len(data[kind].heldout):,} held-out, "
                 f"{len(data[kind].copy):,} copy-heavy, {len(data[kind].code):,} code")
         return data[kind]
