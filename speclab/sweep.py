@@ -31,16 +31,10 @@ def cached_model(spec: str, device=None, role: str = "model", dtype=None) -> LM:
     return _MODELS[key]
 
 
-_DRAFTERS: dict[tuple, object] = {}
-
-
-def cached_drafter(spec: str, target: LM):
-    if str(spec).lower() in ("none", "", "baseline"):
-        return None
-    key = (spec, id(target))
-    if key not in _DRAFTERS:
-        _DRAFTERS[key] = make_drafter(spec, target, load=cached_model)
-    return _DRAFTERS[key]
+def new_drafter(spec: str, target: LM):
+    """A fresh drafter over a cached draft model (None for 'none'). Drafters keep per-run state (a
+    model drafter's KV cache), so they are never shared between runs; the models they read are."""
+    return make_drafter(spec, target, load=cached_model)
 
 
 @dataclass
@@ -139,7 +133,7 @@ def run_sweep(target: LM | str, spec: SweepSpec, progress: Callable[[float, str]
             rows.append(dict(workload=w, batch=b, draft="none", k=0, temperature=spec.temperature, **base,
                              baseline_tokens_per_s=base["tokens_per_s"], speedup=1.0))
             for d in spec.drafts:
-                dec = SpeculativeDecoder(target, cached_drafter(d, target))
+                dec = SpeculativeDecoder(target, new_drafter(d, target))
                 for k in spec.ks:
                     if k == 0:
                         continue

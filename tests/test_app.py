@@ -130,6 +130,16 @@ def test_batch_rows_and_sweep_validation(tiny):
                                 2, 8, 0)
 
 
+def test_drafters_are_per_run_models_shared(tiny):
+    """Two concurrent runs (two users' sweeps) must not share a model drafter's KV cache."""
+    from speclab.sweep import cached_model, new_drafter
+
+    target = cached_model(tiny["target"], role="target")
+    a, b = new_drafter(tiny["draft"], target), new_drafter(tiny["draft"], target)
+    assert a is not b and a.lm is b.lm  # fresh drafter state, one loaded draft model
+    assert new_drafter("none", target) is None
+
+
 def test_run_decode_streams_then_measures_baseline(tiny):
     cfg = core.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
     s = core.validate_decode(cfg, "def f(x):", tiny["target"], tiny["draft"], 3, 2, 0, 1, 24, 0, pace_ms=1)

@@ -223,22 +223,7 @@ def _setup_threads(lm) -> None:
         pass
 
 
-def new_drafter(cfg: AppConfig, spec: str, target):
-    """A fresh drafter for one run (never shared between runs)."""
-    from ..drafters import DRAFTER_ALIASES, ModelDrafter, PromptLookupDrafter
-    from ..models import check_same_tokenizer
-    from ..sweep import cached_model
-
-    if spec.lower() in ("none", "", "baseline"):
-        return None
-    if spec.lower() in DRAFTER_ALIASES:
-        return PromptLookupDrafter()
-    draft = cached_model(spec, device=cfg.device if cfg.device else target.device, role="draft")
-    check_same_tokenizer(target, draft)
-    return ModelDrafter(draft, target.vocab_size)
-
-
-def warm_up(target, drafter_spec: str, cfg: AppConfig) -> None:
+def warm_up(target, drafter_spec: str) -> None:
     """One tiny run per (target, draft) the first time they are used: the first forward of a
     process is slow and would distort the first measurement."""
     key = (id(target), drafter_spec)
@@ -246,10 +231,11 @@ def warm_up(target, drafter_spec: str, cfg: AppConfig) -> None:
         if key in _WARM:
             return
     from ..engine import SpeculativeDecoder
+    from ..sweep import new_drafter
 
     prompt = "Hello world. " * 4
     for spec in ("none", drafter_spec):
-        d = new_drafter(cfg, spec, target)
+        d = new_drafter(spec, target)
         SpeculativeDecoder(target, d).generate([prompt, prompt], k=2 if d else 0, max_new_tokens=6, record=True)
     with _WARM_LOCK:
         _WARM.add(key)
@@ -340,10 +326,11 @@ def run_decode(cfg: AppConfig, s: DecodeSettings, min_interval: float = 0.08) ->
     from ..engine import SpeculativeDecoder
     from ..events import RoundEvent, RunFinished
     from ..metrics import Recorder
+    from ..sweep import new_drafter
 
     target = get_target(cfg, s.target)
-    drafter = new_drafter(cfg, s.draft, target) if s.speculative else None
-    warm_up(target, s.draft if s.speculative else "none", cfg)
+    drafter = new_drafter(s.draft, target) if s.speculative else None
+    warm_up(target, s.draft if s.speculative else "none")
     prompts = batch_prompts(s)
     view = RunView("speculative" if s.speculative else "baseline", s, prompts)
     rec = Recorder(target)
@@ -466,7 +453,7 @@ class SweepJob:
             for d in self.s.drafts:  # check tokenizers and warm up before measuring anything
                 if self._cancel.is_set():
                     return
-                warm_up(target, d, self.cfg)
+                warm_up(target, d)
             spec = SweepSpec(list(self.s.workloads), list(self.s.drafts), list(self.s.ks), list(self.s.batches),
                              temperature=self.s.temperature, max_new_tokens=self.s.max_new_tokens,
                              prompts_per_workload=self.s.prompts_per_workload, seed=self.s.seed)
@@ -510,10 +497,11 @@ def run_timing(cfg: AppConfig, s: DecodeSettings) -> dict:
 
     from ..engine import SpeculativeDecoder
     from ..metrics import Recorder
+    from ..sweep import new_drafter
 
     target = get_target(cfg, s.target)
-    drafter = new_drafter(cfg, s.draft, target) if s.speculative else None
-    warm_up(target, s.draft if s.speculative else "none", cfg)
+    drafter = new_drafter(s.draft, target) if s.speculative else None
+    warm_up(target, s.draft if s.speculative else "none")
     prompts = [s.prompt]
     runs = [("baseline (k=0)", None, 0)]
     if drafter is not None:
