@@ -79,9 +79,9 @@ def make_tiny_family(out_dir: str | Path, seed: int = 0, vocab_size: int = 512, 
     acceptance). One byte-level BPE tokenizer, trained on the bundled workloads, is shared by all.
     Returns ``{name: directory}``; existing directories are reused."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
+    from .family.train import EOT, hf_tokenizer, train_tokenizer
     from .workloads import load_all
 
     drafts = drafts if drafts is not None else {"tiny-draft": 0.03, "tiny-draft-noisy": 0.15}
@@ -90,17 +90,9 @@ def make_tiny_family(out_dir: str | Path, seed: int = 0, vocab_size: int = 512, 
     dirs = {n: str(out / n) for n in names}
     if all((Path(d) / "model.safetensors").is_file() for d in dirs.values()):
         return dirs
-    eot = "<|endoftext|>"
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    texts = [p.prompt for ps in load_all().values() for p in ps]
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eot],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                       show_progress=False))
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=eot, eos_token=eot, pad_token=eot,
-                                     model_max_length=1024)
-    eot_id = tok.token_to_id(eot)
+    tok = train_tokenizer([p.prompt for ps in load_all().values() for p in ps], vocab_size)
+    hf_tok = hf_tokenizer(tok)
+    eot_id = tok.token_to_id(EOT)
     V = tok.get_vocab_size(with_added_tokens=True)
     cfg = LlamaConfig(vocab_size=V, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
                       num_key_value_heads=4, intermediate_size=hidden * 3, max_position_embeddings=1024,

@@ -164,13 +164,17 @@ def tokenizer_id(tok) -> str:
     return "bpe%d-%s" % (len(vocab), hashlib.sha256(blob.encode()).hexdigest()[:10])
 
 
-def save_hf_tokenizer(tok, directory: Path, max_length: int = 1024) -> None:
+def hf_tokenizer(tok, max_length: int = 1024):
+    """The ``transformers`` tokenizer around a trained one: EOT is BOS, EOS and PAD."""
     from transformers import PreTrainedTokenizerFast
 
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT, unk_token=None,
+                                   pad_token=EOT, model_max_length=max_length)
+
+
+def save_hf_tokenizer(tok, directory: Path, max_length: int = 1024) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT, unk_token=None,
-                                 pad_token=EOT, model_max_length=max_length)
-    hf.save_pretrained(str(directory))
+    hf_tokenizer(tok, max_length).save_pretrained(str(directory))
 
 
 def load_tokenizer_file(path: Path):
