@@ -146,7 +146,7 @@ def leviathan(a: float, k: int, c: float) -> float:
 def run_compare(args) -> int:
     from .cli import default_draft, setup_threads
     from .models import load_model
-    from .workloads import load_workload
+    from .workloads import load_workload, workload_names
 
     torch.manual_seed(0)
     target = load_model(args.target, device=args.device, role="target")
@@ -159,7 +159,7 @@ def run_compare(args) -> int:
     dev = target.device
     ks = [int(x) for x in str(args.ks).split(",") if x]
     batches = [int(x) for x in str(args.batches).split(",") if x]
-    wl_names = _workload_names(args.workload)
+    wl_names = workload_names(args.workload)
     n_prompts = args.prompts_per_workload
     M = Methods(target, draft, args.max_new_tokens)
     plan = [("hf-plain", M.hf_plain, 0), ("speclab-plain", M.sl_plain, 0), ("prefill", M.sl_prefill, 0)]
@@ -289,14 +289,6 @@ def run_compare(args) -> int:
             json.dump(report, f, indent=2)
         print(f"\nwrote {args.json}")
     return 0
-
-
-def _workload_names(spec) -> list[str]:
-    from .workloads import list_workloads
-
-    if spec in (None, "all"):
-        return list(list_workloads())
-    return [s for s in str(spec).split(",") if s]
 
 
 def _row(rows, method, w, k):

@@ -23,7 +23,7 @@ REPO_DATASETS = Path(__file__).resolve().parents[1] / "datasets"
 WORKLOADS = ("code", "json", "copy", "tech_prose", "creative")
 
 __all__ = ["Prompt", "WORKLOADS", "datasets_dir", "list_workloads", "load_workload", "load_all",
-           "load_specbench", "sync_package_datasets"]
+           "load_specbench", "sync_package_datasets", "workload_names"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,16 @@ def list_workloads() -> list[str]:
     """Names of the bundled workloads (file stems), the standard five first."""
     found = {p.stem for p in datasets_dir().glob("*.jsonl")}
     return [w for w in WORKLOADS if w in found] + sorted(found - set(WORKLOADS))
+
+
+def workload_names(spec: str | list[str] | None) -> list[str]:
+    """A command line's workload choice as names: ``"all"`` or None (every bundled workload), a
+    comma list (``"code,json"``) or a list."""
+    if spec is None or spec == "all":
+        return list_workloads()
+    if isinstance(spec, str):
+        return [w.strip() for w in spec.split(",") if w.strip()]
+    return list(spec)
 
 
 def _display(path: Path) -> str:
