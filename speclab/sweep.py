@@ -89,6 +89,7 @@ def measure(dec: SpeculativeDecoder, groups: list[list[str]], k: int, spec: Swee
     return {
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_accepted_length": accepted / row_rounds + 1 if row_rounds else None,
+        "row_rounds": row_rounds,
         "per_position_acceptance": [pos_a.get(p, 0) / pos_d[p] for p in sorted(pos_d)],
         "tokens_per_s": gen / wall if wall else None,
         "generated_tokens": gen,

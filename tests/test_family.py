@@ -203,6 +203,22 @@ def test_bench_smoke():
     assert len(rep["rows"]) == 2
     for r in rep["rows"]:
         assert r["mean_accepted_length"] is None or 1.0 <= r["mean_accepted_length"] <= 5.0
+    # acceptance is accepted / drafted over every prompt, not a mean of per-batch rates
+    from speclab.drafters import make_drafter
+    from speclab.engine import SpeculativeDecoder
+    from speclab.models import load_model
+    from speclab.workloads import load_workload
+
+    target = load_model("target")
+    prompts = [p.prompt for p in load_workload("json")][:3]
+    rep = acceptance_report(["json"], drafters=["ngram"], prompts_per_workload=3, max_new_tokens=8,
+                            temperatures=(0.0,), batch_size=2)
+    dec = SpeculativeDecoder(target, make_drafter("ngram", target))
+    counts = [dec.generate(prompts[i:i + 2], k=4, max_new_tokens=8).recorder.counters() for i in (0, 2)]
+    drafted, accepted = sum(c["drafted"] for c in counts), sum(c["accepted"] for c in counts)
+    row = rep["rows"][0]
+    assert row["acceptance_rate"] == round(accepted / drafted, 4)
+    assert row["row_rounds"] == sum(c["row_rounds"] for c in counts)
 
 
 def test_spec_schedules_and_shared_seed():

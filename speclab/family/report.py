@@ -25,62 +25,34 @@ def acceptance_report(workloads: str | list[str] = "all", *, target: str = DEFAU
                       drafters: list[str] | None = None, k: int = 4, max_new_tokens: int = 64,
                       prompts_per_workload: int | None = 8, temperatures=TEMPERATURES, seed: int = 0,
                       batch_size: int = 8, progress=None) -> dict:
-    """Run the engine over every (workload, drafter, temperature) and collect its metrics."""
-    import torch
-
+    """Run the engine over every (workload, drafter, temperature) and collect its metrics
+    (:func:`speclab.sweep.measure`: acceptance = accepted / drafted over all the prompts)."""
     from speclab.drafters import make_drafter
     from speclab.engine import SpeculativeDecoder
     from speclab.models import load_model
-    from speclab.workloads import list_workloads, load_workload
+    from speclab.sweep import SweepSpec, measure
+    from speclab.workloads import load_workload, workload_names
 
-    if workloads == "all" or workloads is None:
-        names = list_workloads()
-    elif isinstance(workloads, str):
-        names = [w.strip() for w in workloads.split(",") if w.strip()]
-    else:
-        names = list(workloads)
+    names = workload_names(workloads)
     drafters = drafters or default_drafters()
     target_lm = load_model(target)
     made = {d: make_drafter(d, target_lm) for d in drafters}
     rows = []
     t0 = time.time()
     for w in names:
-        prompts = [p.prompt for p in load_workload(w)]
-        if prompts_per_workload:
-            prompts = prompts[:prompts_per_workload]
+        prompts = [p.prompt for p in load_workload(w)][:prompts_per_workload or None]
+        groups = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
         for d in drafters:
             dec = SpeculativeDecoder(target_lm, made[d])
             for temp in temperatures:
-                acc_n = acc_d = rr = 0.0
-                drafted = accepted = 0
-                tps = []
-                for i in range(0, len(prompts), batch_size):
-                    with torch.inference_mode():
-                        res = dec.generate(prompts[i : i + batch_size], k=k, max_new_tokens=max_new_tokens,
-                                           temperature=temp, top_p=1.0, top_k=0, seed=seed + i)
-                    m = res.metrics
-                    c = m.get("counters") or {}
-                    if "drafted" in m or "drafted" in c:
-                        drafted += int(m.get("drafted", c.get("drafted", 0)))
-                        accepted += int(m.get("accepted", c.get("accepted", 0)))
-                    n_rr = m.get("row_rounds") or 0
-                    if m.get("acceptance_rate") is not None:
-                        acc_n += m["acceptance_rate"] * n_rr
-                        acc_d += n_rr
-                    if m.get("mean_accepted_length") is not None:
-                        rr += (m["mean_accepted_length"] - 1) * n_rr
-                    tps.append((n_rr, m))
-                row_rounds = sum(n for n, _ in tps)
-                if drafted:
-                    acc = accepted / drafted
-                else:
-                    acc = acc_n / acc_d if acc_d else None
-                mal = rr / row_rounds + 1 if row_rounds else None
+                spec = SweepSpec([w], [d], [k], [batch_size], temperature=temp, max_new_tokens=max_new_tokens,
+                                 seed=seed)
+                m = measure(dec, groups, k, spec)
                 row = {"workload": w, "drafter": d, "temperature": temp, "k": k, "prompts": len(prompts),
-                       "acceptance_rate": None if acc is None else round(acc, 4),
-                       "mean_accepted_length": None if mal is None else round(mal, 4),
-                       "row_rounds": row_rounds,
-                       "tokens_per_s": round(sum(m.get("tokens_per_s") or 0 for _, m in tps) / len(tps), 1)}
+                       "acceptance_rate": None if m["acceptance_rate"] is None else round(m["acceptance_rate"], 4),
+                       "mean_accepted_length": None if m["mean_accepted_length"] is None
+                       else round(m["mean_accepted_length"], 4),
+                       "row_rounds": m["row_rounds"], "tokens_per_s": round(m["tokens_per_s"], 1)}
                 rows.append(row)
                 if progress:
                     progress(row)
