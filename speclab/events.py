@@ -21,7 +21,7 @@ class TokenRecord:
     draft_prob: float | None  # probability the draft gave this token (None: no draft / deterministic)
     target_prob: float | None  # probability the target gave this token (after temperature/top-k/top-p)
     position: int  # 0-based index among the row's generated tokens this round started from
-    text: str = ""  # filled by subscribers that have the tokenizer (see speclab.render)
+    text: str = ""  # the decoder leaves it empty; Recorder.token_dicts decodes the token when it is
 
 
 @dataclass

@@ -441,13 +441,14 @@ def _sweep_outputs(df, s: core.SweepSettings, seconds: float):
     cross = crossover_batch(df)
     path = os.path.join(tempfile.mkdtemp(prefix="speclab-sweep-"), "speclab_sweep.csv")
     table.to_csv(path, index=False)
+    over = _over_workloads(df)
     n_spec = int((df["k"] > 0).sum())
     msg = f"✓ {len(df)} cells ({n_spec} speculative, {len(df) - n_spec} baselines) in {seconds:.1f} s"
     if len(df) < s.cells:
         msg += f" (stopped early: {s.cells - len(df)} cells not run)"
     return (msg, viz.acceptance_vs_throughput(df), viz.speedup_vs_k(_at_smallest_batch(df)).properties(
                 title=f"batch size {int(df['batch'].min())}"),
-            viz.speedup_vs_batch(_over_workloads(df), crossover_batch(_over_workloads(df))),
+            viz.speedup_vs_batch(over, crossover_batch(over)),
             viz.per_position_chart(df), table, cross if len(cross) else None, path)
 
 
