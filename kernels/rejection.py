@@ -3,7 +3,7 @@ target/draft ratios at the drafted tokens, compares them with the uniform draws,
 rejection, builds the residual max(target - draft, 0) (or takes the target's bonus distribution)
 and samples from it by inverse CDF with the row's last uniform draw.
 
-Reference: :func:`speclab.acceptance.rejection_sample` (same inputs, same outputs). The kernel
+Reference: :func:`speclab.engine.acceptance.rejection_sample` (same inputs, same outputs). The kernel
 reads each row's probabilities once per vocabulary block and writes two integers; the reference
 materialises a (B, V) residual. Used by the decoder on CUDA when Triton is installed.
 """
@@ -104,8 +104,8 @@ if HAVE_TRITON:
 
 def fused_rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next,
                            block_v: int | None = None):
-    """Same contract as :func:`speclab.acceptance.rejection_sample`; falls back to it without Triton."""
-    from speclab.acceptance import RESIDUAL_EPS, AcceptResult, rejection_sample
+    """Same contract as :func:`speclab.engine.acceptance.rejection_sample`; falls back to it without Triton."""
+    from speclab.engine.acceptance import RESIDUAL_EPS, AcceptResult, rejection_sample
 
     if not triton_available(target_probs.device):
         return rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next)

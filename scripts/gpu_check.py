@@ -31,7 +31,7 @@ def roofline_step(bandwidth_gbs: float, hidden=2048, layers=16, heads=16, kv_hea
                   ctx=512, reps=50) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from speclab.models import NativeLlama, StaticKVCache
+    from speclab.models.native_llama import NativeLlama, StaticKVCache
 
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
@@ -85,7 +85,7 @@ def main() -> int:
     env = dict(**__import__("os").environ, TRITON_INTERPRET="0")
     k = subprocess.run([sys.executable, "-c", (
         "import torch,sys; sys.path.insert(0,'.');"
-        "from kernels.rejection import fused_rejection_sample; from speclab.acceptance import rejection_sample;"
+        "from kernels.rejection import fused_rejection_sample; from speclab.engine.acceptance import rejection_sample;"
         "g=torch.Generator(device='cuda').manual_seed(0); B,K,V=64,4,32000;"
         "tp=torch.rand(B,K+1,V,device='cuda',generator=g).softmax(-1); dp=torch.rand(B,K,V,device='cuda',"
         "generator=g).softmax(-1);"

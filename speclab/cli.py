@@ -1,4 +1,7 @@
-"""``speclab`` command line: generate, models, train, bench.
+"""The ``speclab`` command line. This module is the entry point only: ``generate`` lives here, every
+other command registers itself from its own package (``models``/``train`` from :mod:`speclab.family`,
+``bench``/``advise`` from :mod:`speclab.analysis`, ``serve`` from :mod:`speclab.serve`, ``load`` from
+:mod:`speclab.load`). Nothing imports this module.
 
 Every user mistake is one line on stderr and exit status 2; no traceback.
 """
@@ -6,6 +9,7 @@ Every user mistake is one line on stderr and exit status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -15,27 +19,10 @@ from .errors import SpeclabError
 ANSI = {"accepted": "\x1b[32m", "rejected": "\x1b[9;31m", "recovered": "\x1b[33m", "bonus": "\x1b[34m",
         "target": "\x1b[0m"}
 RESET = "\x1b[0m"
-
-
-def _family_default(attr: str, fallback: str) -> str:
-    """The family's default model name when its weights are present, else ``fallback``."""
-    try:
-        from . import family
-
-        name = getattr(family, attr)
-        if family.resolve(name) is not None:
-            return name
-    except Exception:  # noqa: BLE001 - no family: fall back
-        pass
-    return fallback
-
-
-def default_target() -> str:
-    return _family_default("DEFAULT_TARGET", "target")
-
-
-def default_draft() -> str:
-    return _family_default("DEFAULT_DRAFT", "ngram")
+PLAIN_LEGEND = ("legend (no colour: stdout is not a terminal): [-text-] is a rejected draft, shown where it was "
+                "proposed and not part of the output; every other token is output as is (--colour for colours)")
+# packages that register subcommands with add_commands(subparsers)
+COMMANDS = ("speclab.family.cli", "speclab.analysis.cli", "speclab.serve.cli", "speclab.load.cli")
 
 
 def colour_tokens(tokens: list[dict], colour: bool = True) -> str:
@@ -47,12 +34,14 @@ def colour_tokens(tokens: list[dict], colour: bool = True) -> str:
     return "".join(out)
 
 
-def format_metrics(m: dict) -> str:
+def format_metrics(m: dict, baseline: dict | None = None) -> str:
+    from .metrics import speedup
+
     def f(x, spec=".3f"):
         return "n/a" if x is None else format(x, spec)
 
     ppa = ", ".join(f"{x:.2f}" for x in m.get("per_position_acceptance") or []) or "n/a"
-    return "\n".join([
+    lines = [
         f"acceptance rate       {f(m['acceptance_rate'])}   (accepted {m['accepted_tokens']} of "
         f"{m['drafted_tokens']} drafted)",
         f"mean accepted length  {f(m['mean_accepted_length'], '.2f')}   (tokens per round, incl. the "
@@ -64,59 +53,71 @@ def format_metrics(m: dict) -> str:
         f"TTFT / TPOT           {f(m['ttft_ms'], '.1f')} ms / {f(m['tpot_ms'], '.2f')} ms",
         f"inter-token gap p50/p95/max  {f(m['itl_p50_ms'], '.2f')} / {f(m['itl_p95_ms'], '.2f')} / "
         f"{f(m['itl_max_ms'], '.2f')} ms",
-    ])
-
-
-def setup_threads(threads: int | None, lm=None) -> None:
-    """Tiny models on a CPU run fastest on one thread (and several processes on few cores do not
-    fight over spinning OpenMP threads); bigger ones get torch's default."""
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-    elif lm is not None and lm.device.type == "cpu" and lm.num_parameters() < 50_000_000:
-        torch.set_num_threads(1)
+    ]
+    if baseline is not None:
+        sp = speedup(m, baseline)
+        verdict = ""
+        if sp is not None and sp < 1.0:
+            verdict = "   SLOWER than plain decoding with these settings: try another draft, a smaller k or --policy"
+        lines.append(f"speedup vs k=0        {f(sp, '.2f')}x   (baseline {f(baseline['tokens_per_s'], '.1f')} "
+                     f"tokens/s, same prompt and settings, measured right after){verdict}")
+    return "\n".join(lines)
 
 
 def cmd_generate(args) -> int:
+    from .defaults import setup_threads
     from .drafters import make_drafter
-    from .engine import MAX_K, SpeculativeDecoder
+    from .engine import SpeculativeDecoder, make_policy
+    from .limits import check_batch, check_k
     from .models import load_model
 
-    if args.batch < 1:
-        raise SpeclabError(f"--batch must be at least 1, got {args.batch}")
-    if not 0 <= args.k <= MAX_K:
-        raise SpeclabError(f"-k must be between 0 and {MAX_K}, got {args.k}")
+    check_batch(args.batch)
+    check_k(args.k)
     if not args.prompt.strip():
         raise SpeclabError("the prompt is empty")
+    policy = make_policy(args.policy, args.k)  # checked before loading models: errors come fast
     target = load_model(args.target, device=args.device, role="target")
     setup_threads(args.threads, target)
     drafter = make_drafter(args.draft, target)
     dec = SpeculativeDecoder(target, drafter)
     prompts = [args.prompt] * args.batch
-    res = dec.generate(prompts, k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                       top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+              top_p=args.top_p, seed=args.seed)
+    speculative = drafter is not None and policy.k_max > 0
+    if speculative and not args.no_baseline:  # warm both paths: the first forwards of a process are slow
+        SpeculativeDecoder(target, None).generate(prompts[:1], k=0, max_new_tokens=4, record=False)
+        dec.generate(prompts[:1], k=args.k, max_new_tokens=4, record=False, policy=policy)
+    res = dec.generate(prompts, k=args.k, policy=policy, **kw)
+    base = None
+    if speculative and not args.no_baseline:
+        base = SpeculativeDecoder(target, None).generate(prompts, k=0, **kw).metrics
+    from .metrics import speedup
+
     if args.json:
         keys = ["acceptance_rate", "mean_accepted_length", "per_position_acceptance", "tokens_per_s", "ttft_ms",
                 "tpot_ms", "rounds"]
         metrics = {k: res.metrics[k] for k in keys}
         metrics.update({k: v for k, v in res.metrics.items() if k not in metrics})
-        json.dump({"text": res.texts, "tokens": res.tokens, "metrics": metrics,
-                   "target": target.name, "draft": drafter.name if drafter else "none", "k": args.k},
-                  sys.stdout)
+        json.dump({"text": res.texts, "tokens": res.tokens, "metrics": metrics, "seeds": res.seeds,
+                   "baseline_metrics": base, "speedup": speedup(res.metrics, base) if base else None,
+                   "target": target.name, "draft": drafter.name if drafter else "none", "k": args.k,
+                   "policy": policy.name}, sys.stdout)
         print()
         return 0
     colour = sys.stdout.isatty() or os.environ.get("FORCE_COLOR") or args.colour
-    print(f"target {target.name}  draft {drafter.name if drafter else 'none'}  k={args.k}  "
-          f"T={args.temperature}  batch={args.batch}")
-    legend = " ".join(f"{ANSI[s]}{s}{RESET}" if colour else s for s in ANSI)
-    print(f"legend: {legend}\n")
+    print(f"target: {target.name}  ·  draft: {drafter.name if drafter else 'none (plain decoding)'}  ·  "
+          f"policy: {policy.name}, k={args.k}  ·  T={args.temperature}  ·  batch={args.batch}  ·  "
+          f"seed{'s' if args.batch > 1 else ''}: {', '.join(map(str, res.seeds))}")
+    if colour:
+        print("legend: " + " ".join(f"{ANSI[s]}{s}{RESET}" for s in ANSI) + "\n")
+    else:
+        print(PLAIN_LEGEND + "\n")
     for b, toks in enumerate(res.tokens):
         if args.batch > 1:
             print(f"--- row {b}")
         print(args.prompt + colour_tokens(toks, bool(colour)))
     print()
-    print(format_metrics(res.metrics))
+    print(format_metrics(res.metrics, base))
     return 0
 
 
@@ -127,29 +128,38 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--target", default=None, help="family name, local HF directory or hub id (default: target)")
     g.add_argument("--draft", default=None,
-                   help="draft model (family name, path, hub id), 'ngram' (prompt lookup) or 'none'")
-    g.add_argument("-k", type=int, default=4, help="draft length, 0..32 (0 = plain decoding)")
-    g.add_argument("--batch", type=int, default=1, help="rows; one prompt is repeated (a seed per row)")
+                   help="draft model (family name, path, hub id), 'ngram' (prompt lookup), 'synthetic:A[:C]' or "
+                        "'none' (default: the family's default draft)")
+    g.add_argument("-k", type=int, default=4, help="draft length, 0..32 (0 = plain decoding); with an adaptive "
+                   "--policy, the largest k it may choose")
+    g.add_argument("--policy", default=None, help="draft-length policy (default: fixed k)")
+    g.add_argument("--batch", type=int, default=1, help="rows; one prompt is repeated (row b uses seed + b)")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None, help="row b samples with seed + b (default: a fresh seed, "
+                   "printed)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--no-baseline", action="store_true", help="skip the k = 0 run that measures the speedup")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--colour", "--color", action="store_true", help="colour even when not a terminal")
     g.set_defaults(func=cmd_generate)
-    try:
-        from .family.cli import add_commands
-    except ImportError:
-        add_commands = None
-    if add_commands is not None:
-        add_commands(sub)
+    for mod in COMMANDS:
+        try:
+            add = importlib.import_module(mod).add_commands
+        except ModuleNotFoundError as e:  # an optional package's dependency is missing
+            if e.name and e.name.startswith("speclab") and not mod.startswith(e.name):
+                raise
+            continue
+        add(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .defaults import default_draft, default_target
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "target", "x") is None:

@@ -26,12 +26,15 @@ class TokenRecord:
 
 @dataclass
 class RowRound:
-    row: int
+    row: int  # the request's row: its prompt's index in SpeculativeDecoder.generate
     num_drafted: int  # drafts verified for this row this round (0 for plain decoding)
     num_accepted: int  # drafts kept (before any EOS/length cut)
     tokens: list[TokenRecord]  # display order: accepted..., rejected..., recovered|bonus|target
-    finished: bool  # the row ended in this round (EOS or max_new_tokens)
-    finish_reason: str | None = None  # "eos" | "length" | None
+    finished: bool  # the row ended in this round (EOS, max_new_tokens or a stop string)
+    finish_reason: str | None = None  # "eos" | "length" | "stop" | None
+    request_id: str = ""
+    k: int = 0  # the draft length chosen for this row this round (after the budget cap)
+    k_reason: str = ""  # why: the policy's reason, or "budget" when the row's budget capped it
 
     @property
     def emitted(self) -> list[TokenRecord]:
@@ -51,15 +54,20 @@ class RunStarted:
     top_k: int
     top_p: float
     max_new_tokens: int
+    policy: str = "fixed"
+    seeds: list[int] = field(default_factory=list)  # per row: the seed its samples come from
 
 
 @dataclass
 class RoundEvent:
     run_id: int
-    round: int  # 0 = the first token, from the target's prefill; 1.. = draft/verify rounds
+    round: int  # verification rounds so far (a prefill carries the number of the rounds before it)
     time: float  # perf_counter when this round's tokens were known on the host
     timings: dict[str, float]  # seconds per phase: prefill | draft, verify, accept, other
-    rows: list[RowRound] = field(default_factory=list)  # only rows still running at round start
+    rows: list[RowRound] = field(default_factory=list)  # the rows that took part
+    phase: str = "verify"  # "prefill": new requests' prompts and their first tokens; "verify": a round
+    running: int = 0  # requests running after this event
+    waiting: int = 0  # requests queued after this event
 
 
 @dataclass

@@ -22,6 +22,16 @@ from collections import defaultdict
 from .events import Event, RoundEvent, RunFinished, RunStarted
 
 
+def speedup(metrics: dict | None, baseline: dict | None, key: str = "tokens_per_s") -> float | None:
+    """The one speedup: a run's throughput over its baseline's (same prompts and settings, k = 0).
+    Accepts metric dicts (``tokens_per_s``) or plain numbers; None when either is missing."""
+    a = metrics.get(key) if isinstance(metrics, dict) else metrics
+    b = baseline.get(key) if isinstance(baseline, dict) else baseline
+    if a is None or b is None or not b:
+        return None
+    return a / b
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -60,7 +70,7 @@ class Recorder:
         for ev in self.rounds:
             for name, t in ev.timings.items():
                 phase[name] += t
-            if ev.round == 0:
+            if ev.phase == "prefill":
                 continue
             for rr in ev.rows:
                 row_rounds += 1
@@ -71,7 +81,7 @@ class Recorder:
                     if i < rr.num_accepted:
                         pos_accepted[i] += 1
         return dict(drafted=drafted, accepted=accepted, row_rounds=row_rounds,
-                    rounds=sum(1 for ev in self.rounds if ev.round > 0),
+                    rounds=sum(1 for ev in self.rounds if ev.phase != "prefill"),
                     pos_drafted=dict(pos_drafted), pos_accepted=dict(pos_accepted), phase_s=dict(phase))
 
     def token_times(self) -> dict[int, list[float]]:
@@ -93,7 +103,8 @@ class Recorder:
         lat = [(v[-1] - t0) * 1e3 for v in times.values() if v]
         gaps = [(b - a) * 1e3 for v in times.values() for a, b in zip(v, v[1:])]
         k = self.start.k if self.start else 0
-        ppa = [c["pos_accepted"].get(i, 0) / c["pos_drafted"][i] for i in range(k) if c["pos_drafted"].get(i)]
+        npos = max(c["pos_drafted"], default=-1) + 1
+        ppa = [c["pos_accepted"].get(i, 0) / c["pos_drafted"][i] for i in range(npos) if c["pos_drafted"].get(i)]
         return {
             "acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else None,
             "mean_accepted_length": c["accepted"] / c["row_rounds"] + 1 if c["row_rounds"] else None,
@@ -116,6 +127,8 @@ class Recorder:
             "k": k,
             "batch": self.start.batch_size if self.start else None,
             "drafter": self.start.drafter if self.start else None,
+            "policy": self.start.policy if self.start else None,
+            "seeds": list(self.start.seeds) if self.start else [],
         }
 
     # ------------------------------------------------------------------ per token
@@ -138,15 +151,17 @@ class Recorder:
         return pd.DataFrame(recs, columns=["row", "token", "text", "status", "round", "draft_prob", "target_prob"])
 
     def rounds_frame(self):
-        """One line per round and row: drafted, accepted, emitted, phase timings, time since start."""
+        """One line per round and row: drafted, accepted, emitted, the chosen k and why, phase timings,
+        time since start."""
         import pandas as pd
 
         t0 = self.start.time if self.start else 0.0
         recs = []
         for ev in self.rounds:
             for rr in ev.rows:
-                recs.append(dict(round=ev.round, row=rr.row, drafted=rr.num_drafted, accepted=rr.num_accepted,
-                                 emitted=len(rr.emitted), t_ms=(ev.time - t0) * 1e3,
+                recs.append(dict(round=ev.round, phase=ev.phase, row=rr.row, drafted=rr.num_drafted,
+                                 accepted=rr.num_accepted, emitted=len(rr.emitted), k=rr.k, k_reason=rr.k_reason,
+                                 running=ev.running, waiting=ev.waiting, t_ms=(ev.time - t0) * 1e3,
                                  **{f"{k}_ms": v * 1e3 for k, v in ev.timings.items()}))
         return pd.DataFrame(recs)
 

@@ -127,7 +127,7 @@ def repeated_sweep(target, spec, repeats: int = 3, progress=None):
     Acceptance is deterministic for greedy decoding and is taken from the first repeat."""
     import pandas as pd
 
-    from .sweep import run_sweep
+    from .analysis.sweep import run_sweep
 
     frames = []
     for r in range(max(1, int(repeats))):

@@ -10,8 +10,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 from kernels.rejection import HAVE_TRITON, fused_rejection_sample, triton_available  # noqa: E402
-from speclab.acceptance import rejection_sample  # noqa: E402
-from speclab.sampling import sample_from_probs  # noqa: E402
+from speclab.engine.acceptance import rejection_sample  # noqa: E402
+from speclab.engine.sampling import sample_from_probs  # noqa: E402
 
 assert HAVE_TRITON and triton_available("cpu")
 g = torch.Generator().manual_seed(0)

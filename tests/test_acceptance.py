@@ -2,8 +2,8 @@
 
 import torch
 
-from speclab.acceptance import greedy_accept, rejection_sample
-from speclab.sampling import SamplingParams, logits_to_probs, sample_from_probs
+from speclab.engine.acceptance import greedy_accept, rejection_sample
+from speclab.engine.sampling import SamplingParams, logits_to_probs, sample_from_probs
 
 
 def t(x, dtype=torch.long):

@@ -132,7 +132,7 @@ def test_batch_rows_and_sweep_validation(tiny):
 
 def test_drafters_are_per_run_models_shared(tiny):
     """Two concurrent runs (two users' sweeps) must not share a model drafter's KV cache."""
-    from speclab.sweep import cached_model, new_drafter
+    from speclab.analysis.sweep import cached_model, new_drafter
 
     target = cached_model(tiny["target"], role="target")
     a, b = new_drafter(tiny["draft"], target), new_drafter(tiny["draft"], target)

@@ -52,7 +52,7 @@ def test_generate_coloured(tiny, capsys):
     (["--draft", "/no/such/draft"], "unknown draft model '/no/such/draft'"),
     (["-k", "-1"], "between 0 and 32"),
     (["-k", "33"], "between 0 and 32"),
-    (["--batch", "0"], "--batch must be at least 1"),
+    (["--batch", "0"], "batch size must be between 1"),
     (["--max-new-tokens", "300"], "exceeds the context"),
 ])
 def test_bad_input_one_line(tiny, capsys, argv, needle):

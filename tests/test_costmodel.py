@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from speclab.costmodel import best_k, expected_speedup, expected_tokens_per_round, speedup_curve
+from speclab.analysis.costmodel import best_k, expected_speedup, expected_tokens_per_round, speedup_curve
 
 
 def test_tokens_per_round_hand_values():
@@ -69,7 +69,7 @@ def test_curve_and_validation():
 def test_interleaved_timer_orders_and_measures():
     import time as _time
 
-    from speclab.costmodel import interleaved_times
+    from speclab.analysis.costmodel import interleaved_times
 
     calls = []
     med = interleaved_times({"slow": lambda: (calls.append("s"), _time.sleep(0.004)),
@@ -84,7 +84,7 @@ def test_step_costs_on_shipped_models():
 
     if not {"target", "draft-xs"} <= {m["name"] for m in list_models()}:
         pytest.skip("family not trained")
-    from speclab.costmodel import cost_ratio, step_costs, time_forward, verify_costs
+    from speclab.analysis.costmodel import cost_ratio, step_costs, time_forward, verify_costs
     from speclab.models import load_model
 
     target, draft = load_model("target"), load_model("draft-xs")

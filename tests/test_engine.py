@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import PROMPTS
 
-from speclab.drafters import ModelDrafter, PromptLookupDrafter, Proposal, make_drafter
+from speclab.drafters import ModelDrafter, PromptLookupDrafter, Proposal, StatelessDrafter, make_drafter
 from speclab.engine import SpeculativeDecoder
 from speclab.models import load_model
 
@@ -91,7 +91,7 @@ def test_padded_lm_head_draft(tiny, target_lm, hf_greedy):
         assert dec.generate([p], k=4, max_new_tokens=NEW).output_tokens[0] == hf_greedy[p]
 
 
-class AlwaysWrongDrafter:
+class AlwaysWrongDrafter(StatelessDrafter):
     """Proposes a token the target would never pick first: nothing is ever accepted.
     (Also shows a drafter plugs in through the protocol alone.)"""
 
@@ -100,20 +100,14 @@ class AlwaysWrongDrafter:
     def __init__(self, target):
         self.target = target
 
-    def start(self, ctx, max_len):
-        pass
-
-    def propose(self, ctx, k, params, uniform, want_probs):
-        V = self.target.vocab_size
+    def propose(self, ctx, ks, params, uniform, want_probs, stop=None):
+        V, k = self.target.vocab_size, max(ks)
         toks = []
         for seq in ctx.host:
             logits = self.target.hf_model(torch.tensor([seq])).logits[0, -1]
             toks.append([(int(logits.argmax()) + 1) % V] * k)
         t = torch.tensor(toks)
-        return Proposal(t, torch.full((len(toks),), k), None, None)
-
-    def commit(self, ctx):
-        pass
+        return Proposal(t, torch.tensor(ks), None, None)
 
 
 def test_extremes(tiny, target_lm, hf_greedy):
@@ -248,7 +242,7 @@ def test_speculative_samples_follow_target_distribution(tiny, target_lm, monkeyp
     rejection rule) has the target's exact marginal; a deliberately wrong rule fails the same test."""
     from test_acceptance import _wrong_rule
 
-    import speclab.engine as engine
+    import speclab.engine.scheduler as scheduler
 
     temperature, n = 1.0, 8000
     exact = _exact_second_token_dist(target_lm, "hello wor", temperature)
@@ -258,7 +252,7 @@ def test_speculative_samples_follow_target_distribution(tiny, target_lm, monkeyp
     tv = 0.5 * (emp - exact).abs().sum().item()
     assert stat < _chi2_quantile(dof, 3.09), (stat, dof, tv)  # p > 0.001
     assert tv < 0.04, tv
-    monkeypatch.setattr(engine, "rejection_sample", _wrong_rule)
+    monkeypatch.setattr(scheduler, "rejection_impl", lambda device: _wrong_rule)
     emp_bad = _empirical_second_token(target_lm, drafter, n, temperature, seed=0)
     stat_bad, dof = _chi_square(emp_bad, exact, n)
     assert stat_bad > _chi2_quantile(dof, 5.0), (stat_bad, dof)  # p < 3e-7

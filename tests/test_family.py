@@ -157,7 +157,7 @@ def test_training_end_to_end(tmp_path):
 
 
 def test_report_format_and_checks():
-    from speclab.family.report import check_targets, format_report
+    from speclab.analysis.report import check_targets, format_report
 
     rows = []
     for w, base in (("code", 0.7), ("json", 0.8), ("copy", 0.5), ("creative", 0.4)):
@@ -181,7 +181,7 @@ def test_report_format_and_checks():
 
 
 def test_distill_pairs_match_architectures():
-    from speclab.family.report import distill_pairs
+    from speclab.analysis.report import distill_pairs
 
     arch = lambda h: {"hidden": h, "layers": 2}  # noqa: E731
     models = [{"name": "a", "role": "draft", "architecture": arch(96)},
@@ -195,7 +195,7 @@ def test_distill_pairs_match_architectures():
 
 
 def test_bench_smoke():
-    from speclab.family.report import acceptance_report
+    from speclab.analysis.report import acceptance_report
 
     models_or_skip()
     rep = acceptance_report(["json"], drafters=["draft-xs", "ngram"], prompts_per_workload=2, max_new_tokens=8,

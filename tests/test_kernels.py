@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernels import fused_rejection_sample
-from speclab.acceptance import rejection_sample
+from speclab.engine.acceptance import rejection_sample
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed (pip install triton)")

@@ -206,7 +206,7 @@ _WARM_LOCK = threading.Lock()
 
 
 def get_target(cfg: AppConfig, spec: str):
-    from ..sweep import cached_model
+    from ..analysis.sweep import cached_model
 
     lm = cached_model(spec, device=cfg.device, role="target")
     _setup_threads(lm)
@@ -215,7 +215,7 @@ def get_target(cfg: AppConfig, spec: str):
 
 def _setup_threads(lm) -> None:
     try:
-        from ..cli import setup_threads
+        from ..defaults import setup_threads
 
         if not os.environ.get("OMP_NUM_THREADS"):
             setup_threads(None, lm)
@@ -230,8 +230,8 @@ def warm_up(target, drafter_spec: str) -> None:
     with _WARM_LOCK:
         if key in _WARM:
             return
+    from ..analysis.sweep import new_drafter
     from ..engine import SpeculativeDecoder
-    from ..sweep import new_drafter
 
     prompt = "Hello world. " * 4
     for spec in ("none", drafter_spec):
@@ -323,10 +323,10 @@ def timed_stream(dec, prompts, s: DecodeSettings, k: int, recorder) -> Iterator:
 def run_decode(cfg: AppConfig, s: DecodeSettings, min_interval: float = 0.08) -> Iterator[RunView]:
     """The speculative run, streamed (a view at most every ``min_interval`` s, or every round with a
     pace), then the k = 0 baseline with the same settings; the last view has phase "done"."""
+    from ..analysis.sweep import new_drafter
     from ..engine import SpeculativeDecoder
     from ..events import RoundEvent, RunFinished
     from ..metrics import Recorder
-    from ..sweep import new_drafter
 
     target = get_target(cfg, s.target)
     drafter = new_drafter(s.draft, target) if s.speculative else None
@@ -446,7 +446,7 @@ class SweepJob:
         return self
 
     def _run(self) -> None:
-        from ..sweep import SweepSpec, run_sweep
+        from ..analysis.sweep import SweepSpec, run_sweep
 
         try:
             target = get_target(self.cfg, self.s.target)
@@ -495,9 +495,9 @@ def run_timing(cfg: AppConfig, s: DecodeSettings) -> dict:
     """Baseline and speculative run on the same prompt (row 0 only): per-token gaps and TTFT."""
     import pandas as pd
 
+    from ..analysis.sweep import new_drafter
     from ..engine import SpeculativeDecoder
     from ..metrics import Recorder
-    from ..sweep import new_drafter
 
     target = get_target(cfg, s.target)
     drafter = new_drafter(s.draft, target) if s.speculative else None

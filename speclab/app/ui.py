@@ -433,7 +433,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
 
 
 def _sweep_outputs(df, s: core.SweepSettings, seconds: float):
-    from ..sweep import crossover_batch
+    from ..analysis.sweep import crossover_batch
 
     if df is None or not len(df):
         return (_error_md("the sweep was cancelled before any cell finished"),) + (gr.skip(),) * 7

@@ -4,7 +4,9 @@
 Registry API (stable, used by the engine):
 
 * ``FAMILY_DIR``: directory holding ``family.json`` and ``models/<name>/``;
-* ``DEFAULT_TARGET`` / ``DEFAULT_DRAFT``: the names the engine uses when none is given;
+* ``DEFAULT_TARGET`` / ``DEFAULT_DRAFT``: the names the engine uses when none is given (the default
+  draft is the one that pays on a CPU: the cheapest distilled draft, chosen by ``speclab bench --compare``);
+* ``BEST_DRAFT``: the draft with the highest acceptance (the acceptance report's design goals use it);
 * ``list_models()``: one dict per shipped model (name, role, parameters, tokenizer, path, ...);
 * ``resolve(name)``: the directory of a shipped model, or ``None``.
 
@@ -19,9 +21,11 @@ from pathlib import Path
 FAMILY_DIR: Path = Path(__file__).resolve().parent
 MANIFEST: Path = FAMILY_DIR / "family.json"
 DEFAULT_TARGET = "target"
-DEFAULT_DRAFT = "draft-distill"
+DEFAULT_DRAFT = "draft-xs-distill"
+BEST_DRAFT = "draft-distill"
 
-__all__ = ["FAMILY_DIR", "MANIFEST", "DEFAULT_TARGET", "DEFAULT_DRAFT", "list_models", "resolve", "load_manifest"]
+__all__ = ["FAMILY_DIR", "MANIFEST", "DEFAULT_TARGET", "DEFAULT_DRAFT", "BEST_DRAFT", "list_models", "resolve",
+           "load_manifest"]
 
 
 def load_manifest(family_dir: Path | str | None = None) -> dict:

@@ -1,4 +1,4 @@
-"""``speclab models``, ``speclab train`` and ``speclab bench``: registered by :func:`add_commands`."""
+"""``speclab models`` and ``speclab train``: registered by :func:`add_commands`."""
 
 from __future__ import annotations
 
@@ -33,18 +33,8 @@ def cmd_train(args) -> int:
     return run_from_args(args)
 
 
-def cmd_bench(args) -> int:
-    if getattr(args, "compare", False):
-        from ..bench import run_compare
-
-        return run_compare(args)
-    from .report import run_from_args
-
-    return run_from_args(args)
-
-
 def add_commands(subparsers) -> None:
-    """Register ``models``, ``train`` and ``bench`` on an argparse subparsers object."""
+    """Register ``models`` and ``train`` on an argparse subparsers object."""
     from .train import add_train_arguments
 
     m = subparsers.add_parser("models", help="list the embedded model family")
@@ -55,22 +45,3 @@ def add_commands(subparsers) -> None:
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_train_arguments(t)
     t.set_defaults(func=cmd_train)
-
-    b = subparsers.add_parser("bench", help="acceptance per workload and drafter (greedy and T=0.8)")
-    b.add_argument("--workload", default="all", help="'all', a workload name, comma list or a .jsonl path")
-    b.add_argument("--k", "-k", type=int, default=4)
-    b.add_argument("--max-new-tokens", type=int, default=64)
-    b.add_argument("--prompts-per-workload", type=int, default=8)
-    b.add_argument("--drafter", action="append", default=None,
-                   help="drafter to measure (repeatable; default: every family draft and ngram)")
-    b.add_argument("--temperature", type=float, action="append", default=None,
-                   help="temperature (repeatable; default 0 and 0.8)")
-    b.add_argument("--target", default=None, help="target model (default: the family target)")
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--threads", type=int, default=None)
-    b.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
-    b.add_argument("--quiet", action="store_true")
-    from ..bench import add_compare_arguments
-
-    add_compare_arguments(b)
-    b.set_defaults(func=cmd_bench)

@@ -27,8 +27,8 @@ import time
 
 import torch
 
+from ..engine import SpeculativeDecoder, sync
 from .costmodel import step_costs
-from .engine import SpeculativeDecoder, _sync
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -83,7 +83,7 @@ class Methods:
     """Each method: prompt token ids -> (generated ids, acceptance or None)."""
 
     def __init__(self, target, draft_lm, max_new: int):
-        from .drafters import ModelDrafter, PromptLookupDrafter
+        from ..drafters import ModelDrafter, PromptLookupDrafter
 
         self.t, self.d, self.n = target, draft_lm, max_new
         self.eos = target.eos_token_id
@@ -144,16 +144,16 @@ def leviathan(a: float, k: int, c: float) -> float:
 
 
 def run_compare(args) -> int:
-    from .cli import default_draft, setup_threads
-    from .models import load_model
-    from .workloads import load_workload, workload_names
+    from ..defaults import default_draft, setup_threads
+    from ..models import load_model
+    from ..workloads import load_workload, workload_names
 
     torch.manual_seed(0)
     target = load_model(args.target, device=args.device, role="target")
     setup_threads(args.threads or 1, target)
     draft_name = args.draft or default_draft()
     draft = load_model(draft_name, device=target.device, dtype=target.dtype, role="draft")
-    from .models import check_same_tokenizer
+    from ..models import check_same_tokenizer
 
     check_same_tokenizer(target, draft)
     dev = target.device
@@ -187,10 +187,10 @@ def run_compare(args) -> int:
                 for name, fn, k in plan:  # interleaved: A B C ... for every prompt and repetition
                     r = results[(name, w, k)]
                     with PeakRSS(dev) as mem:
-                        _sync(dev)
+                        sync(dev)
                         t0 = time.perf_counter()
                         out, acc = fn(ids, k)
-                        _sync(dev)
+                        sync(dev)
                         dt = time.perf_counter() - t0
                     r["mem"] = max(r["mem"], mem.peak)
                     r["times"][i].append(dt)
@@ -263,10 +263,10 @@ def run_compare(args) -> int:
         tp = {"plain": [], "spec": []}
         for rep in range(max(2, args.reps)):
             for name, dec, k in (("plain", M.plain, 0), ("spec", M.draft, best_k)):
-                _sync(dev)
+                sync(dev)
                 t0 = time.perf_counter()
                 r = dec.generate(group, k=k, max_new_tokens=args.max_new_tokens, record=False)
-                _sync(dev)
+                sync(dev)
                 tp[name].append(sum(len(o) for o in r.output_tokens) / (time.perf_counter() - t0))
         p, s = statistics.median(tp["plain"]), statistics.median(tp["spec"])
         batch_rows.append(dict(batch=B, k=best_k, workload=batch_wl, plain_tokens_per_s=p, spec_tokens_per_s=s,

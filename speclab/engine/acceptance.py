@@ -102,3 +102,42 @@ def rejection_sample(
         dist = t_next
     next_token = sample_from_probs(dist, uniform_next)  # (B,)
     return AcceptResult(n, next_token, ~rejected)
+
+
+def accept_rows(
+    draft_tokens: torch.Tensor,  # (n, k) int64, -1 = padding
+    draft_probs: torch.Tensor | None,  # (n, k, V) or None (deterministic drafts)
+    target_logits: torch.Tensor,  # (n, k+1, V)
+    num_draft: torch.Tensor,  # (n,)
+    params,  # speclab.engine.sampling.RowParams: which rows are greedy, and every row's sampling settings
+    uniform_accept: torch.Tensor | None,  # (n, k) draws of the sampled rows (None when all rows are greedy)
+    uniform_next: torch.Tensor | None,  # (n,)
+    want_probs: bool = False,
+    reject=rejection_sample,  # the sampling rule (the fused kernel has the same contract)
+) -> tuple[AcceptResult, torch.Tensor | None]:
+    """A batch that mixes greedy and sampled rows: :func:`greedy_accept` for the greedy rows, ``reject``
+    for the sampled ones, results merged back in row order. Returns the result and the target's
+    probabilities (the sampling distributions; temperature 1 for greedy rows), when sampled rows need
+    them or ``want_probs``."""
+    from .sampling import logits_to_probs
+
+    if params.all_greedy:
+        res = greedy_accept(draft_tokens, target_logits.argmax(-1), num_draft)
+        return res, (target_logits.float().softmax(-1) if want_probs else None)
+    target_probs = logits_to_probs(target_logits, params)  # (n, k+1, V)
+    if not params.any_greedy:
+        return reject(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next), target_probs
+    g = params.greedy.nonzero().squeeze(1)
+    s = (~params.greedy).nonzero().squeeze(1)
+    rg = greedy_accept(draft_tokens[g], target_logits[g].argmax(-1), num_draft[g])
+    rs = reject(draft_tokens[s], draft_probs[s] if draft_probs is not None else None, target_probs[s], num_draft[s],
+                uniform_accept[s], uniform_next[s])
+    n = draft_tokens.shape[0]
+    out = AcceptResult(torch.empty(n, dtype=torch.long, device=draft_tokens.device),
+                       torch.empty(n, dtype=torch.long, device=draft_tokens.device),
+                       torch.empty(n, dtype=torch.bool, device=draft_tokens.device))
+    for field_name in ("num_accepted", "next_token", "is_bonus"):
+        t = getattr(out, field_name)
+        t[g] = getattr(rg, field_name)
+        t[s] = getattr(rs, field_name)
+    return out, target_probs

@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from . import DEFAULT_TARGET, list_models
+from ..family import DEFAULT_TARGET, list_models
 
 TEMPERATURES = (0.0, 0.8)
 
@@ -27,11 +27,11 @@ def acceptance_report(workloads: str | list[str] = "all", *, target: str = DEFAU
                       batch_size: int = 8, progress=None) -> dict:
     """Run the engine over every (workload, drafter, temperature) and collect its metrics
     (:func:`speclab.sweep.measure`: acceptance = accepted / drafted over all the prompts)."""
-    from speclab.drafters import make_drafter
-    from speclab.engine import SpeculativeDecoder
-    from speclab.models import load_model
-    from speclab.sweep import SweepSpec, measure
-    from speclab.workloads import load_workload, workload_names
+    from ..drafters import make_drafter
+    from ..engine import SpeculativeDecoder
+    from ..models import load_model
+    from ..workloads import load_workload, workload_names
+    from .sweep import SweepSpec, measure
 
     names = workload_names(workloads)
     drafters = drafters or default_drafters()
@@ -124,9 +124,8 @@ def check_targets(report: dict, best_draft: str, pairs: list[tuple[str, str]] | 
 
 
 def run_from_args(args) -> int:
-    from speclab.errors import SpeclabError
-
-    from . import DEFAULT_DRAFT
+    from ..errors import SpeclabError
+    from ..family import BEST_DRAFT
 
     if not list_models():
         raise SpeclabError("no family models are shipped yet; run `speclab train` first")
@@ -145,7 +144,7 @@ def run_from_args(args) -> int:
     rep = acceptance_report(args.workload, target=args.target or DEFAULT_TARGET, drafters=drafters, k=args.k,
                             max_new_tokens=args.max_new_tokens, prompts_per_workload=args.prompts_per_workload,
                             temperatures=temps, seed=args.seed, progress=progress)
-    rep["checks"] = check_targets(rep, DEFAULT_DRAFT)
+    rep["checks"] = check_targets(rep, BEST_DRAFT)
     print(format_report(rep))
     for name, ok in rep["checks"].items():
         print(f"  [{'ok' if ok else 'MISS'}] {name}")

@@ -9,10 +9,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .drafters import make_drafter
-from .engine import SpeculativeDecoder
-from .errors import SpeclabError
-from .models import LM, load_model
+from ..drafters import make_drafter
+from ..engine import SpeculativeDecoder
+from ..errors import SpeclabError
+from ..limits import check_batch, check_k
+from ..models import LM, default_device, load_model
 
 _MODELS: dict[tuple, LM] = {}
 
@@ -20,8 +21,6 @@ _MODELS: dict[tuple, LM] = {}
 def cached_model(spec: str, device=None, role: str = "model", dtype=None) -> LM:
     """Load once per process (the app and notebooks re-run often)."""
     import torch
-
-    from .models import default_device
 
     dev = torch.device(device) if device is not None else default_device()
     dt = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)  # load_model's default
@@ -50,7 +49,7 @@ class SweepSpec:
     seed: int = 0
 
 
-def _batches(prompts: list[str], batch: int, n_prompts: int) -> list[list[str]]:
+def batches(prompts: list[str], batch: int, n_prompts: int) -> list[list[str]]:
     """n_prompts prompts (cycled if the workload is short), grouped into batches of `batch` rows."""
     if not prompts:
         raise SpeclabError("a workload has no prompts")
@@ -104,18 +103,16 @@ def run_sweep(target: LM | str, spec: SweepSpec, progress: Callable[[float, str]
     """One row per (workload, batch, draft, k), plus the k = 0 baseline rows (draft 'none')."""
     import pandas as pd
 
-    from .workloads import load_workload
+    from ..workloads import load_workload
 
     if isinstance(target, str):
         target = cached_model(target, role="target")
     if not spec.workloads or not spec.drafts or not spec.ks or not spec.batches:
         raise SpeclabError("a sweep needs at least one workload, draft, k and batch size")
     for k in spec.ks:
-        if not 0 <= k <= 32:
-            raise SpeclabError(f"k must be between 0 and 32, got {k}")
+        check_k(k)
     for b in spec.batches:
-        if not 1 <= b <= 64:
-            raise SpeclabError(f"batch size must be between 1 and 64, got {b}")
+        check_batch(b)
     cells = [(w, b, d, k) for w in spec.workloads for b in spec.batches for d in spec.drafts for k in spec.ks if k > 0]
     total = len(spec.workloads) * len(spec.batches) + len(cells)
     done = 0
@@ -124,7 +121,7 @@ def run_sweep(target: LM | str, spec: SweepSpec, progress: Callable[[float, str]
     for w in spec.workloads:
         prompts = [p.prompt for p in load_workload(w)]
         for b in spec.batches:
-            groups = _batches(prompts, b, spec.prompts_per_workload)
+            groups = batches(prompts, b, spec.prompts_per_workload)
             if cancel and cancel():
                 return pd.DataFrame(rows)
             base = measure(base_dec, groups, 0, spec)

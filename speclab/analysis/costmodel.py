@@ -110,11 +110,12 @@ def _stepper(lm, batch: int, context: int, tokens: int, vocab: int | None = None
     dev = lm.device
     V = min(lm.vocab_size, vocab or lm.vocab_size)
     cache = lm.new_cache(batch, context + tokens)
-    pos = torch.arange(context, device=dev)[None].expand(batch, context)
-    cache.forward(torch.randint(0, V, (batch, context), device=dev), pos, None, kv_len=context)
+    zero = torch.zeros(batch, dtype=torch.long, device=dev)
+    cache.forward(torch.randint(0, V, (batch, context), device=dev), zero, kv_len=context)
+    cache.commit(zero + context)
     tok = torch.randint(0, V, (batch, tokens), device=dev)
-    p = (context + torch.arange(tokens, device=dev))[None].expand(batch, tokens)
-    return lambda: cache.forward(tok, p, None, kv_len=context + tokens)
+    start = zero + context
+    return lambda: cache.forward(tok, start, kv_len=context + tokens)
 
 
 def interleaved_times(fns: dict, reps: int, warmup: int = 3, device=None) -> dict:

@@ -1,0 +1,35 @@
+"""``speclab bench``: the acceptance report (default) and ``--compare`` (speclab vs Hugging Face)."""
+
+from __future__ import annotations
+
+
+def cmd_bench(args) -> int:
+    if getattr(args, "compare", False):
+        from .compare import run_compare
+
+        return run_compare(args)
+    from .report import run_from_args
+
+    return run_from_args(args)
+
+
+def add_commands(subparsers) -> None:
+    """Register ``bench`` on an argparse subparsers object."""
+    from .compare import add_compare_arguments
+
+    b = subparsers.add_parser("bench", help="acceptance per workload and drafter (greedy and T=0.8)")
+    b.add_argument("--workload", default="all", help="'all', a workload name, comma list or a .jsonl path")
+    b.add_argument("--k", "-k", type=int, default=4)
+    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--prompts-per-workload", type=int, default=8)
+    b.add_argument("--drafter", action="append", default=None,
+                   help="drafter to measure (repeatable; default: every family draft and ngram)")
+    b.add_argument("--temperature", type=float, action="append", default=None,
+                   help="temperature (repeatable; default 0 and 0.8)")
+    b.add_argument("--target", default=None, help="target model (default: the family target)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
+    b.add_argument("--quiet", action="store_true")
+    add_compare_arguments(b)
+    b.set_defaults(func=cmd_bench)

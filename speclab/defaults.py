@@ -1,0 +1,36 @@
+"""What a new user gets without choosing: the default target and draft (the configuration that pays
+on this machine, from measurement), and the CPU thread setting for tiny models."""
+
+from __future__ import annotations
+
+
+def _family_default(attr: str, fallback: str) -> str:
+    """The family's default model name when its weights are present, else ``fallback``."""
+    try:
+        from . import family
+
+        name = getattr(family, attr)
+        if family.resolve(name) is not None:
+            return name
+    except Exception:  # noqa: BLE001 - no family: fall back
+        pass
+    return fallback
+
+
+def default_target() -> str:
+    return _family_default("DEFAULT_TARGET", "target")
+
+
+def default_draft() -> str:
+    return _family_default("DEFAULT_DRAFT", "ngram")
+
+
+def setup_threads(threads: int | None, lm=None) -> None:
+    """Tiny models on a CPU run fastest on one thread (and several processes on few cores do not
+    fight over spinning OpenMP threads); bigger ones get torch's default."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    elif lm is not None and lm.device.type == "cpu" and lm.num_parameters() < 50_000_000:
+        torch.set_num_threads(1)

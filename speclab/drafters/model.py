@@ -1,0 +1,126 @@
+"""A separate small causal LM as the draft, with its own rollback-by-length cache."""
+
+from __future__ import annotations
+
+import torch
+
+from ..engine.sampling import logits_to_probs, sample_from_probs
+from .base import DraftContext, Proposal, Verified
+
+
+class ModelDrafter:
+    """A small causal LM sharing the target's tokenizer. Its cache holds positions < dlen[b] of row b;
+    each round it first catches up on the tokens it has not seen (1, or 2 after a bonus round, or more
+    after rounds in which its row did not draft), then drafts step by step."""
+
+    features: tuple[int, ...] = ()
+
+    def __init__(self, lm, target_vocab: int):
+        self.lm = lm
+        self.name = lm.name
+        self.target_vocab = target_vocab
+        self.cache = None
+        self.dlen: torch.Tensor | None = None  # (R,) positions < dlen[b] are in this drafter's cache
+        self.host_dlen: list[int] = []
+
+    def _align(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the target's vocabulary: padded heads differ in size, not in meaning."""
+        V = self.target_vocab
+        if logits.shape[-1] > V:
+            return logits[..., :V]
+        if logits.shape[-1] < V:
+            pad = logits.new_full((*logits.shape[:-1], V - logits.shape[-1]), float("-inf"))
+            return torch.cat([logits, pad], -1)
+        return logits
+
+    def reset(self, capacity: int, max_len: int) -> None:
+        self.cache = self.lm.new_cache(capacity, max_len)
+        self.dlen = torch.zeros(capacity, dtype=torch.long, device=self.lm.device)
+        self.host_dlen = [0] * capacity
+
+    def admit(self, ctx: DraftContext, rows: range, features=None) -> None:
+        """Prefill everything but each new row's newest token; the first propose feeds that one."""
+        if len(self.host_dlen) < rows.stop:
+            grow = rows.stop - len(self.host_dlen)
+            self.host_dlen += [0] * grow
+            self.dlen = torch.cat([self.dlen, self.dlen.new_zeros(grow)])
+        self.cache.ensure_capacity(rows.stop)
+        lens = [ctx.host_lengths[b] - 1 for b in rows]
+        T = max(lens)
+        m = len(lens)
+        dev = ctx.tokens.device
+        pos = torch.arange(T, device=dev)[None].expand(m, T)  # (m, T)
+        lens_t = torch.tensor(lens, device=dev)
+        self.cache.forward(ctx.tokens[rows.start:rows.stop, :T], torch.zeros(m, dtype=torch.long, device=dev),
+                           kv_len=T, rows=slice(rows.start, rows.stop), valid=pos < lens_t[:, None],
+                           last_only=torch.zeros(m, dtype=torch.long, device=dev))
+        for i, b in enumerate(rows):
+            self.host_dlen[b] = lens[i]
+        self.dlen[rows.start:rows.stop] = lens_t
+
+    def propose(self, ctx: DraftContext, ks, params, uniform, want_probs, stop=None) -> Proposal:
+        n = ctx.n
+        L, dlen = ctx.lengths, self.dlen[:n]
+        dev = L.device
+        k = max(ks)
+        # catch up on tokens the draft has not seen, right-padded to the widest row
+        w = max(hl - dl for hl, dl in zip(ctx.host_lengths, self.host_dlen[:n]))
+        pos = dlen[:, None] + torch.arange(w, device=dev)[None]  # (n, w)
+        valid = pos < L[:, None]
+        inp = ctx.tokens[:n].gather(1, pos.clamp(max=ctx.tokens.shape[1] - 1))  # (n, w)
+        kv_len = max(d + w for d in self.host_dlen[:n])
+        logits = self.cache.forward(inp, dlen, kv_len=kv_len, rows=slice(0, n), valid=valid,
+                                    last_only=L - dlen - 1).logits[:, -1]  # (n, V)
+        sampled = not params.all_greedy
+        toks, probs, tprobs, greedy_logits = [], [], [], []
+        lengths = torch.tensor(ks, device=dev)
+        for i in range(k):
+            logits = self._align(logits)
+            p = logits_to_probs(logits, params) if (sampled or stop is not None) else None  # (n, V)
+            tok = logits.argmax(-1)  # (n,)
+            if sampled:
+                tok = torch.where(params.greedy, tok, sample_from_probs(p, uniform[:, i]))
+                probs.append(p)
+                tprobs.append(p.gather(1, tok[:, None]).squeeze(1))
+            elif want_probs:
+                greedy_logits.append(logits)  # one softmax for all k steps, after the loop
+            if stop is not None:  # a policy may end a row's draft before token i
+                halt = stop(i, p) & (lengths > i)
+                lengths = torch.where(halt, torch.full_like(lengths, i), lengths)
+            toks.append(tok)
+            if i < k - 1:  # the last draft token is never fed: the target verifies it
+                if stop is not None and bool((lengths <= i + 1).all()):
+                    break  # every row has stopped: no more draft steps this round
+                start = L + i  # (n,) the position token i sits at
+                logits = self.cache.forward(tok[:, None], start, kv_len=max(ctx.host_lengths) + i + 1,
+                                            rows=slice(0, n)).logits[:, -1]
+        steps = len(toks)
+        self.dlen[:n] = L + steps - 1
+        self.host_dlen[:n] = [hl + steps - 1 for hl in ctx.host_lengths]
+        tokens = torch.stack(toks, 1) if toks else torch.zeros(n, 0, dtype=torch.long, device=dev)
+        if greedy_logits:  # display probabilities of the greedy drafts: (n, k, V) -> (n, k)
+            gp = torch.stack(greedy_logits, 1).float().softmax(-1).gather(2, tokens[..., None]).squeeze(-1)
+            tprobs = list(gp.unbind(1))
+        return Proposal(
+            tokens=tokens,
+            lengths=torch.minimum(lengths, torch.full_like(lengths, steps)),
+            probs=torch.stack(probs, 1) if probs else None,
+            token_probs=torch.stack(tprobs, 1) if tprobs else None,
+        )
+
+    def commit(self, ctx: DraftContext, verified: Verified | None = None) -> None:
+        # cached draft tokens stay valid up to the row's last accepted token
+        n = ctx.n
+        self.dlen[:n] = torch.minimum(self.dlen[:n], ctx.lengths - 1)
+        self.host_dlen[:n] = [min(d, hl - 1) for d, hl in zip(self.host_dlen[:n], ctx.host_lengths)]
+        self.cache.commit(self.dlen[:n], rows=slice(0, n))
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.cache.move_row(src, dst, self.host_dlen[src])
+        self.dlen[dst] = self.dlen[src]
+        self.host_dlen[dst] = self.host_dlen[src]
+
+    def release(self, n: int) -> None:
+        release = getattr(self.cache, "release", None)
+        if release is not None:
+            release(n)

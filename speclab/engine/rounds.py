@@ -1,0 +1,43 @@
+"""Turning one row's round into the records the events carry (kept out of the decode loop, which
+then reads top to bottom).
+
+Worked example. A row has generated g0 = 10 tokens; it drafts d = [a, b, c] (k = 3); the target
+accepts n = 1 (a), rejects b, and puts its own token x where b was. Emitted: [a, x]. Display order
+and positions (index among the row's generated tokens)::
+
+    a  accepted   position 10      (g0 + 0)
+    b  rejected   position 11      (g0 + 1: where it was proposed, struck through in the UI)
+    c  rejected   position 12      (discarded with b: drafts after the first rejection are never verified)
+    x  recovered  position 11      (g0 + n: the target's token at the first rejected slot)
+
+All k accepted: the target's token at slot k is a *bonus*. No drafts (k = 0): it is *target*.
+An EOS or the budget inside an accepted run cuts ``new``: records past the cut are not emitted.
+"""
+
+from __future__ import annotations
+
+from ..events import RowRound, TokenRecord
+
+
+def row_round(row: int, g0: int, drafts: list[int], n_acc: int, new: list[int], bonus: bool,
+              draft_probs: list[float] | None, target_probs: list[float] | None, next_prob: float | None,
+              reason: str | None, request_id: str = "", k: int = 0, k_reason: str = "") -> RowRound:
+    """``drafts`` the row's verified drafts, ``n_acc`` how many were kept, ``new`` the tokens emitted this
+    round (after any EOS / budget / stop cut), ``draft_probs`` / ``target_probs`` per draft (None: not
+    recorded), ``next_prob`` the target's probability of its own token."""
+    nd = len(drafts)
+    dp = draft_probs if draft_probs is not None else [None] * nd
+    tp = target_probs if target_probs is not None else [None] * nd
+    recs = [TokenRecord(new[i], "accepted", dp[i], tp[i], g0 + i) for i in range(min(n_acc, len(new)))]
+    if n_acc < nd:  # the first rejected draft and the discarded ones after it
+        recs += [TokenRecord(drafts[i], "rejected", dp[i], tp[i], g0 + i) for i in range(n_acc, nd)]
+    if len(new) > n_acc:  # the target's own token made it in
+        status = "target" if nd == 0 else ("bonus" if bonus else "recovered")
+        recs.append(TokenRecord(new[n_acc], status, None, next_prob, g0 + n_acc))
+    return RowRound(row, nd, n_acc, recs, reason is not None, reason, request_id, k, k_reason)
+
+
+def prefill_round(row: int, token: int, prob: float | None, reason: str | None, request_id: str = "") -> RowRound:
+    """A request's first token, sampled from its prefill."""
+    return RowRound(row, 0, 0, [TokenRecord(token, "target", None, prob, 0)], reason is not None, reason,
+                    request_id, 0, "prefill")

@@ -1,0 +1,457 @@
+"""The step scheduler: continuous batching over the one decode loop.
+
+Requests wait in a bounded queue, join the running rows between rounds (their prompts are prefilled
+together and each gets its first token), take part in every following verification round with their
+own sampling settings, seed and draft length, and leave the moment they finish or are cancelled.
+
+Rows live in slots 0..n-1 of the caches. Bookkeeping per running row b (host and device kept equal)::
+
+    L = lengths[b]   tokens of row b so far (prompt + generated); the newest one, at L-1, has no K/V
+                     in the target cache yet: it is the first input of the next verification.
+
+A round for a row with drafts d1..dk (k from the policy, capped so the round cannot overrun the
+row's budget):
+
+    verify block  [tok[L-1], d1, ..., dk] written at slots L-1 .. L+k-1 -> target logits for
+                  positions L .. L+k (k draft checks + 1 bonus)
+    accept n      -> emit d1..dn and one recovered/bonus token; L' = L + n + 1
+    rollback      the target cache keeps positions < L' - 1: moving the integer is the whole rollback
+
+Rows of one round may draft different k (ragged); the block is padded to the widest row and padding is
+never accepted. When a row leaves, the last row moves into its slot, so the running rows stay
+contiguous and every forward runs on a view of the caches.
+
+Exactness: a row's output depends on its prompt, settings and seed only. Greedy rows keep the
+target's argmax; sampled rows draw every uniform from their own generator, in a layout fixed by their
+own k (draft draws, acceptance draws, one draw for the next token), never by their batch-mates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+
+import torch
+
+from ..errors import SpeclabError
+from ..events import HookRegistry, RoundEvent
+from ..limits import check_context
+from .acceptance import accept_rows, rejection_sample
+from .costs import OnlineCosts
+from .policies import Off, PolicyView, RowView
+from .request import FINISHED, RUNNING, WAITING, Request, find_stop
+from .rounds import prefill_round, row_round
+from .sampling import RowParams, logits_to_probs, sample_from_probs
+
+_run_ids = itertools.count(1)
+
+
+class QueueFull(SpeclabError):
+    """The waiting queue is at its bound: the request was refused (servers answer 429)."""
+
+
+def rejection_impl(device: torch.device):
+    """The fused Triton kernel on CUDA when Triton is installed, else the pure PyTorch reference."""
+    if device.type == "cuda":
+        try:
+            from kernels import fused_rejection_sample, triton_available
+
+            if triton_available(device):
+                return fused_rejection_sample
+        except ImportError:
+            pass
+    return rejection_sample
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device (timings on a GPU are meaningless without it)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Scheduler:
+    """Continuous batching for ``target`` with ``drafter`` (None: plain decoding) under ``policy``.
+
+    Thread-safe entry points: :meth:`submit`, :meth:`cancel`, :meth:`counts`. :meth:`step` runs on one
+    thread (the caller's, or the server's engine thread).
+    """
+
+    def __init__(self, target, drafter=None, policy=None, hooks: HookRegistry | None = None, *,
+                 max_running: int = 64, max_waiting: int = 256, max_len: int | None = None,
+                 capacity: int | None = None, costs: OnlineCosts | None = None, record_costs: bool = True,
+                 run_id: int | None = None):
+        self.target = target
+        self.drafter = drafter
+        self.policy = policy if (policy is not None and drafter is not None) else Off()
+        self.hooks = hooks if hooks is not None else HookRegistry()
+        self.max_running = max(1, int(max_running))
+        self.max_waiting = max(0, int(max_waiting))
+        self.k_max = self.policy.k_max if drafter is not None else 0
+        self.context = min(max_len or target.max_context, target.max_context)  # prompt + generated per row
+        self.slots = self.context + self.k_max + 2  # + one round's block of headroom
+        self.device = target.device
+        cap = max(1, min(capacity or self.max_running, self.max_running))
+        self.cache = target.new_cache(cap, self.slots)
+        self.capacity = cap
+        self.buf = torch.zeros(cap, self.slots, dtype=torch.long, device=self.device)  # (R, S) tokens per row
+        self.lengths = torch.zeros(cap, dtype=torch.long, device=self.device)  # (R,)
+        self.rows: list[Request] = []  # slot order
+        self.waiting: deque[Request] = deque()
+        self.lock = threading.Lock()
+        self._cancel: set[str] = set()
+        self.round = 0
+        self.run_id = run_id if run_id is not None else next(_run_ids)
+        self.costs = costs if costs is not None else OnlineCosts()
+        self.record_costs = record_costs
+        self.reject = rejection_impl(self.device)
+        self.t_last = time.perf_counter()
+        self.draft_features = tuple(getattr(drafter, "features", ()) or ()) if drafter is not None else ()
+        if drafter is not None:
+            drafter.reset(cap, self.slots)
+
+    # ------------------------------------------------------------------ requests in and out
+    def validate(self, req: Request) -> None:
+        """Refuse, up front and in one line, what this scheduler cannot run."""
+        if not req.prompt_ids:
+            raise SpeclabError("the prompt encodes to no tokens")
+        if req.max_new_tokens < 1:
+            raise SpeclabError(f"max_new_tokens must be at least 1, got {req.max_new_tokens}")
+        check_context(len(req.prompt_ids), req.max_new_tokens, self.context, self.target.name)
+        dlm = getattr(self.drafter, "lm", None)
+        if dlm is not None and self.k_max > 0:
+            from ..models import check_draft_context
+
+            check_draft_context(self.target, dlm, len(req.prompt_ids) + req.max_new_tokens)
+
+    def submit(self, req: Request) -> Request:
+        """Queue a request; :class:`QueueFull` when the queue is at its bound."""
+        self.validate(req)
+        with self.lock:
+            room = self.max_waiting + max(0, self.max_running - len(self.rows))  # free slots admit at the next step
+            if len(self.waiting) >= room:
+                raise QueueFull(f"the queue is full ({len(self.rows)} running, {len(self.waiting)} waiting; "
+                                f"at most {self.max_running} running and {self.max_waiting} waiting)")
+            req.status = WAITING
+            self.waiting.append(req)
+        return req
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a waiting or running request; it leaves before the next round."""
+        with self.lock:
+            self._cancel.add(request_id)
+
+    def counts(self) -> tuple[int, int]:
+        with self.lock:
+            return len(self.rows), len(self.waiting)
+
+    @property
+    def idle(self) -> bool:
+        with self.lock:
+            return not self.rows and not self.waiting
+
+    # ------------------------------------------------------------------ one step
+    @torch.inference_mode()
+    def step(self) -> list[Request]:
+        """Admit what fits, prefill it, run one verification round; returns the requests that finished."""
+        done: list[Request] = []
+        with self.lock:
+            cancels, self._cancel = self._cancel, set()
+            if cancels:
+                kept = deque()
+                for r in self.waiting:
+                    if r.request_id in cancels:
+                        self._finish(r, "cancelled")
+                        done.append(r)
+                    else:
+                        kept.append(r)
+                self.waiting = kept
+            free = self.max_running - len(self.rows)
+            admit = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+        if cancels:
+            gone = [i for i, r in enumerate(self.rows) if r.request_id in cancels]
+            for i in gone:
+                self._finish(self.rows[i], "cancelled")
+                done.append(self.rows[i])
+            self._leave(gone)
+        if admit:
+            done += self._prefill(admit)
+        if self.rows:
+            done += self._round()
+        return done
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.status = FINISHED
+        req.finish_reason = req.finish_reason or reason
+        req.finish_time = time.perf_counter()
+
+    # ------------------------------------------------------------------ slots
+    def _grow(self, rows: int) -> None:
+        if rows <= self.capacity:
+            return
+        new = max(rows, 2 * self.capacity)
+        self.cache.ensure_capacity(new)
+        buf = torch.zeros(new, self.slots, dtype=torch.long, device=self.device)
+        buf[: self.capacity] = self.buf
+        lengths = torch.zeros(new, dtype=torch.long, device=self.device)
+        lengths[: self.capacity] = self.lengths
+        self.buf, self.lengths, self.capacity = buf, lengths, new
+
+    def _leave(self, idxs: list[int]) -> None:
+        """Rows ``idxs`` leave; the last rows move into their slots (caches, tokens, lengths)."""
+        if not idxs:
+            return
+        n = len(self.rows)
+        gone = set(idxs)
+        n2 = n - len(gone)
+        holes = sorted(i for i in gone if i < n2)
+        movers = [r for r in range(n2, n) if r not in gone]
+        for src, dst in zip(movers, holes):
+            L = len(self.rows[src].context)
+            self.cache.move_row(src, dst, L)
+            if self.drafter is not None:
+                self.drafter.move_row(src, dst)
+            self.buf[dst, :L] = self.buf[src, :L]
+            self.lengths[dst] = self.lengths[src]
+            self.rows[dst] = self.rows[src]
+        self.rows = self.rows[:n2]
+        release = getattr(self.cache, "release", None)
+        if release is not None:
+            release(n2)
+        if self.drafter is not None:
+            self.drafter.release(n2)
+
+    def _ctx(self):
+        from ..drafters.base import DraftContext
+
+        n = len(self.rows)
+        return DraftContext(self.buf, self.lengths[:n], [len(r.context) for r in self.rows],
+                            [r.context for r in self.rows], self.costs, [r.request_id for r in self.rows])
+
+    # ------------------------------------------------------------------ stopping
+    def _cut(self, req: Request, new: list[int]) -> tuple[list[int], str | None]:
+        """The part of ``new`` the request keeps, and why it ends (None: it goes on).
+
+        Every EOS id ends it (the EOS token is kept), so does its budget, so does a stop string (the
+        output text ends before it; the tokens up to the one that completed it are kept)."""
+        reason = None
+        if not req.ignore_eos:
+            eos = self.target.eos_token_ids
+            for i, t in enumerate(new):
+                if t in eos:
+                    new, reason = new[: i + 1], "eos"
+                    break
+        if len(new) >= req.remaining:
+            new = new[: req.remaining]
+            reason = reason or "length"
+        if req.stop and new:
+            dec = self.target.decode
+            before = len(dec(req.generated))
+            longest = max(len(s) for s in req.stop)
+            for m in range(1, len(new) + 1):
+                text = dec(req.generated + new[:m])
+                at = find_stop(text, req.stop, search_from=max(0, before - longest + 1))
+                if at is not None:
+                    req.stop_at = at
+                    return new[:m], "stop"
+        return new, reason
+
+    # ------------------------------------------------------------------ prefill
+    def _prefill(self, reqs: list[Request]) -> list[Request]:
+        dev = self.device
+        t0 = time.perf_counter()
+        r0, m = len(self.rows), len(reqs)
+        self._grow(r0 + m)
+        plen = [len(r.prompt_ids) for r in reqs]
+        Lp = max(plen)
+        for i, r in enumerate(reqs):
+            r.start_rng(dev)
+            r.context = list(r.prompt_ids)
+            self.buf[r0 + i, : plen[i]] = torch.tensor(r.prompt_ids, device=dev)
+        lens = torch.tensor(plen, device=dev)
+        pos = torch.arange(Lp, device=dev)[None].expand(m, Lp)
+        out = self.cache.forward(self.buf[r0:r0 + m, :Lp], torch.zeros(m, dtype=torch.long, device=dev), kv_len=Lp,
+                                 rows=slice(r0, r0 + m), valid=pos < lens[:, None], last_only=lens - 1,
+                                 hidden=self.draft_features)
+        logits = out.logits[:, 0]  # (m, V)
+        params = RowParams([r.params for r in reqs], dev)
+        active = self.hooks.active
+        first = logits.argmax(-1)  # (m,)
+        probs = None
+        if not params.all_greedy:
+            probs = logits_to_probs(logits, params)
+            u = torch.stack([torch.rand(1, generator=r.rng, device=dev)[0] if r.rng is not None
+                             else torch.zeros((), device=dev) for r in reqs])
+            first = torch.where(params.greedy, first, sample_from_probs(probs, u))
+        elif active:
+            probs = logits.float().softmax(-1)
+        self.buf[torch.arange(r0, r0 + m, device=dev), lens] = first
+        self.lengths[r0:r0 + m] = lens + 1
+        first_h = first.tolist()
+        fp_h = probs.gather(1, first[:, None]).squeeze(1).tolist() if probs is not None else [None] * m
+        now = time.perf_counter()
+        events, finished = [], []
+        for i, r in enumerate(reqs):
+            new, reason = self._cut(r, [first_h[i]])
+            r.generated.extend(new)
+            r.context.extend(new)
+            r.status = RUNNING
+            r.first_token_time = now
+            self.rows.append(r)
+            if reason is not None:
+                self._finish(r, reason)
+                finished.append(r0 + i)
+            if active:
+                events.append(prefill_round(r.row, first_h[i], fp_h[i], reason, r.request_id))
+        if self.drafter is not None and self.k_max > 0:
+            feats = {k: v for k, v in out.hidden.items()} if self.draft_features else None
+            self.drafter.admit(self._ctx(), range(r0, r0 + m), feats)
+        if active:
+            sync(dev)
+            t1 = time.perf_counter()
+            run, wait = len(self.rows) - len(finished), len(self.waiting)
+            self.hooks.emit(RoundEvent(self.run_id, self.round, t1, {"prefill": t1 - t0}, events, "prefill", run, wait))
+        done = [self.rows[i] for i in finished]
+        self._leave(finished)
+        return done
+
+    # ------------------------------------------------------------------ one verification round
+    def _draws(self, ks: list[int], params: RowParams, kmax: int):
+        """Per sampled row, 2k+1 uniforms from its own generator: k to draft with, k to accept with, one
+        for the next token. Padded to (n, kmax) with values that are never used."""
+        if params.all_greedy:
+            return None, None, None
+        dev, n = self.device, len(self.rows)
+        u_draft = torch.full((n, kmax), 0.5, device=dev)
+        u_acc = torch.zeros(n, kmax, device=dev)
+        u_next = torch.zeros(n, device=dev)
+        for b, r in enumerate(self.rows):
+            if r.rng is None:
+                continue
+            k = ks[b]
+            u = torch.rand(2 * k + 1, generator=r.rng, device=dev)
+            u_draft[b, :k] = u[:k]
+            u_acc[b, :k] = u[k:2 * k]
+            u_next[b] = u[2 * k]
+        return u_draft, u_acc, u_next
+
+    def _choose(self) -> tuple[list[int], list[str]]:
+        rows = self.rows
+        if self.drafter is None or self.k_max == 0:
+            return [0] * len(rows), ["off"] * len(rows)
+        view = PolicyView(tuple(RowView(r.request_id, r.history, r.pos_drafted, r.pos_accepted, r.remaining,
+                                        r.params.greedy) for r in rows),
+                          len(rows), len(self.waiting), self.costs)
+        choices = self.policy.choose(view)
+        ks, why = [], []
+        for r, c in zip(rows, choices):
+            k = max(0, min(int(c.k), self.k_max, r.remaining - 1))  # a round emits up to k+1 tokens
+            ks.append(k)
+            why.append(c.reason if k == c.k else f"budget (policy: {c.reason})")
+        return ks, why
+
+    def _round(self) -> list[Request]:
+        dev, drafter = self.device, self.drafter
+        rows = self.rows
+        n = len(rows)
+        active = self.hooks.active
+        timed = active or self.record_costs
+        t0 = time.perf_counter()
+        self.round += 1
+        params = RowParams([r.params for r in rows], dev)
+        ks, why = self._choose()
+        kmax = max(ks)
+        u_draft, u_acc, u_next = self._draws(ks, params, kmax)
+
+        # ---- draft
+        prop = None
+        if drafter is not None and kmax > 0:
+            prop = drafter.propose(self._ctx(), ks, params, u_draft, want_probs=active, stop=self.policy.draft_stop())
+            d_tokens = prop.tokens  # (n, kk)
+            num_draft = torch.minimum(prop.lengths, torch.tensor(ks, device=dev))  # (n,)
+        else:
+            d_tokens = torch.zeros(n, 0, dtype=torch.long, device=dev)
+            num_draft = torch.zeros(n, dtype=torch.long, device=dev)
+        kk = d_tokens.shape[1]
+        if timed:
+            sync(dev)
+        t1 = time.perf_counter()
+        if prop is not None and self.record_costs:
+            self.costs.record_draft(n, kk, t1 - t0)
+
+        # ---- verify: one target forward over [newest token, d1..dk] per row
+        L = self.lengths[:n]
+        hlen = [len(r.context) for r in rows]
+        r_idx = torch.arange(n, device=dev)
+        start = L - 1  # (n,)
+        inp = torch.cat([self.buf[r_idx, start][:, None], d_tokens.clamp(min=0)], 1)  # (n, kk+1)
+        out = self.cache.forward(inp, start, kv_len=max(hlen) + kk, rows=slice(0, n), hidden=self.draft_features)
+        logits = out.logits  # (n, kk+1, V)
+        if timed:
+            sync(dev)
+        t2 = time.perf_counter()
+        if self.record_costs:
+            self.costs.record_target(n, kk + 1, t2 - t1)
+
+        # ---- accept, write, roll back
+        res, tprobs = accept_rows(d_tokens, prop.probs if prop is not None else None, logits, num_draft, params,
+                                  u_acc[:, :kk] if u_acc is not None else None, u_next, want_probs=active,
+                                  reject=self.reject)
+        block = torch.cat([d_tokens.clamp(min=0), torch.zeros(n, 1, dtype=torch.long, device=dev)], 1)  # (n, kk+1)
+        block[r_idx, res.num_accepted] = res.next_token
+        self.buf[:n].scatter_(1, start[:, None] + 1 + torch.arange(kk + 1, device=dev)[None], block)
+        n_h, block_h, nd_h = res.num_accepted.tolist(), block.tolist(), num_draft.tolist()
+        if active:
+            d_h = d_tokens.tolist()
+            tp_h = tprobs[:, :kk].gather(2, d_tokens.clamp(min=0)[..., None]).squeeze(-1).tolist()  # (n, kk)
+            tpn_h = tprobs[r_idx, res.num_accepted, res.next_token].tolist()  # (n,)
+            dp_h = prop.token_probs.tolist() if prop is not None and prop.token_probs is not None else None
+            bonus_h = res.is_bonus.tolist()
+        events, finished, kept = [], [], []
+        for b, r in enumerate(rows):
+            na, nd = n_h[b], nd_h[b]
+            g0 = len(r.generated)
+            new, reason = self._cut(r, block_h[b][:na + 1])
+            r.generated.extend(new)
+            r.context.extend(new)
+            r.record_round(nd, na)
+            kept.append(len(new))
+            if reason is not None:
+                self._finish(r, reason)
+                finished.append(b)
+            if active:
+                events.append(row_round(r.row, g0, d_h[b][:nd], na, new, bonus_h[b],
+                                        dp_h[b][:nd] if dp_h else None, tp_h[b][:nd], tpn_h[b], reason,
+                                        r.request_id, ks[b], why[b]))
+        self.lengths[:n] = torch.tensor([len(r.context) for r in rows], device=dev)  # the rollback
+        self.cache.commit(self.lengths[:n] - 1, rows=slice(0, n))
+        if prop is not None:
+            from ..drafters.base import Verified
+
+            feats = out.hidden if self.draft_features else {}
+            drafter.commit(self._ctx(), Verified(start, torch.tensor(kept, device=dev), feats))
+        if active:
+            sync(dev)
+            t3 = time.perf_counter()
+            run, wait = n - len(finished), len(self.waiting)
+            self.hooks.emit(RoundEvent(self.run_id, self.round, t3, {"draft": t1 - t0, "verify": t2 - t1,
+                                                                     "accept": t3 - t2, "other": t0 - self.t_last},
+                                       events, "verify", run, wait))
+        done = [rows[b] for b in finished]
+        self._leave(finished)
+        self.t_last = time.perf_counter()
+        return done
+
+    # ------------------------------------------------------------------ running until done
+    def run_until_idle(self, on_step=None) -> None:
+        """Step until no request is running or waiting (``on_step()`` after each step)."""
+        while not self.idle:
+            self.step()
+            if on_step is not None:
+                on_step()
+
+    def slots_held(self) -> int:
+        """Cache slots in use per row (the bound: context + one round's block)."""
+        held = getattr(self.cache, "slots_held", None)
+        return max(held()) if held is not None and held() else self.slots

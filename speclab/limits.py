@@ -1,0 +1,76 @@
+"""Every limit a user can hit, checked in one place (the engine, the sweeps, the CLI, the app and the
+server all call these), each failure one :class:`SpeclabError` line."""
+
+from __future__ import annotations
+
+import math
+
+from .errors import SpeclabError
+
+MAX_K = 32  # draft tokens per round
+MAX_BATCH = 16384  # rows of one SpeculativeDecoder.generate call or one sweep cell
+MAX_TEMPERATURE = 100.0
+MAX_SEED = 2**63 - 1
+
+
+def check_int(name: str, v, lo: int, hi: int) -> int:
+    """A whole number in [lo, hi]; floats that are whole (4.0) are accepted, bools are not."""
+    msg = f"{name} must be a whole number between {lo} and {hi}, got {v!r}"
+    if isinstance(v, bool) or v is None or v == "":
+        raise SpeclabError(msg)
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise SpeclabError(msg) from None
+    if not math.isfinite(f) or f != int(f):
+        raise SpeclabError(msg)
+    if not lo <= int(f) <= hi:
+        raise SpeclabError(f"{name} must be between {lo} and {hi}, got {int(f)}")
+    return int(f)
+
+
+def check_float(name: str, v, lo: float, hi: float, lo_open: bool = False) -> float:
+    span = f"{'(' if lo_open else '['}{lo}, {hi}]"
+    if isinstance(v, bool):
+        raise SpeclabError(f"{name} must be a number in {span}, got {v!r}")
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise SpeclabError(f"{name} must be a number in {span}, got {v!r}") from None
+    if not math.isfinite(f) or f > hi or f < lo or (lo_open and f <= lo):
+        raise SpeclabError(f"{name} must be in {span}, got {v!r}")
+    return f
+
+
+def check_k(k, hi: int = MAX_K) -> int:
+    return check_int("k (draft length)", k, 0, hi)
+
+
+def check_batch(b, hi: int = MAX_BATCH) -> int:
+    return check_int("batch size", b, 1, hi)
+
+
+def check_max_new_tokens(n, hi: int = 1 << 20) -> int:
+    return check_int("max_new_tokens", n, 1, hi)
+
+
+def check_sampling(temperature, top_p, top_k, vocab: int | None = None) -> tuple[float, float, int]:
+    """temperature >= 0 (0 = greedy), top_p in (0, 1], top_k >= 0 (0 = off)."""
+    t = check_float("temperature", temperature, 0.0, MAX_TEMPERATURE)
+    p = check_float("top_p", top_p, 0.0, 1.0, lo_open=True)
+    k = check_int("top_k", top_k, 0, vocab if vocab else 1 << 30)
+    return t, p, k
+
+
+def check_seed(seed) -> int | None:
+    """None (draw a fresh seed) or a whole number >= 0."""
+    if seed is None:
+        return None
+    return check_int("seed", seed, 0, MAX_SEED)
+
+
+def check_context(prompt_len: int, max_new_tokens: int, context: int, model: str) -> None:
+    need = prompt_len + max_new_tokens
+    if need > context:
+        raise SpeclabError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = {need} exceeds the "
+                           f"context of '{model}' ({context} tokens)")
