@@ -1,5 +1,5 @@
 """Helpers for the notebooks in ``notebooks/``: parameters overridable from the environment (so CI
-runs them small) and a tiny random model family for developing without trained weights.
+runs them small) and repeated sweeps. (Tiny random families: :mod:`speclab.testing`.)
 
 Parameters: ``setting("N_PROMPTS", 8, small=2)`` returns, in order of precedence,
 ``$SPECLAB_NB_N_PROMPTS`` (parsed like the default: int, float, bool, or a comma-separated list),
@@ -9,12 +9,10 @@ Parameters: ``setting("N_PROMPTS", 8, small=2)`` returns, in order of precedence
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-__all__ = ["family_available", "is_small", "make_tiny_family", "setting", "setup_torch"]
+__all__ = ["family_available", "is_small", "repeated_sweep", "setting", "setup_torch"]
 
 PREFIX = "SPECLAB_NB_"
-INIT_RANGE = 0.1  # tiny family: wide enough init that greedy text does not collapse to one token
 
 
 def is_small() -> bool:
@@ -70,49 +68,6 @@ def family_available(*names: str) -> bool:
         return False
     have = {m["name"] for m in list_models()}
     return all(n in have for n in names)
-
-
-def make_tiny_family(out_dir: str | Path, seed: int = 0, vocab_size: int = 512, hidden: int = 64,
-                     layers: int = 2, drafts: dict[str, float] | None = None) -> dict[str, str]:
-    """Random Llama models for development and CI without trained weights: a target and drafts that
-    are the target's weights plus Gaussian noise (``{name: noise scale}``; more noise, lower
-    acceptance). One byte-level BPE tokenizer, trained on the bundled workloads, is shared by all.
-    Returns ``{name: directory}``; existing directories are reused."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from .family.train import EOT, hf_tokenizer, train_tokenizer
-    from .workloads import load_all
-
-    drafts = drafts if drafts is not None else {"tiny-draft": 0.03, "tiny-draft-noisy": 0.15}
-    out = Path(out_dir)
-    names = ["tiny-target", *drafts]
-    dirs = {n: str(out / n) for n in names}
-    if all((Path(d) / "model.safetensors").is_file() for d in dirs.values()):
-        return dirs
-    tok = train_tokenizer([p.prompt for ps in load_all().values() for p in ps], vocab_size)
-    hf_tok = hf_tokenizer(tok)
-    eot_id = tok.token_to_id(EOT)
-    V = tok.get_vocab_size(with_added_tokens=True)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-                      num_key_value_heads=4, intermediate_size=hidden * 3, max_position_embeddings=1024,
-                      tie_word_embeddings=False, initializer_range=INIT_RANGE, bos_token_id=eot_id,
-                      eos_token_id=eot_id, pad_token_id=eot_id)
-    torch.manual_seed(seed)
-    target = LlamaForCausalLM(cfg).eval()
-    sd = target.state_dict()
-    gen = torch.Generator().manual_seed(seed + 1)
-    for name in names:
-        model = LlamaForCausalLM(cfg).eval()
-        if name == "tiny-target":
-            model.load_state_dict(sd)
-        else:
-            scale = drafts[name]
-            model.load_state_dict({k: v + scale * v.std() * torch.randn(v.shape, generator=gen)
-                                   if v.dtype.is_floating_point and v.numel() > 1 else v for k, v in sd.items()})
-        model.save_pretrained(dirs[name], safe_serialization=True)
-        hf_tok.save_pretrained(dirs[name])
-    return dirs
 
 
 TIMING_COLUMNS = ("tokens_per_s", "baseline_tokens_per_s", "speedup", "wall_s", "ttft_ms", "tpot_ms")

@@ -7,45 +7,19 @@ import os
 import pytest
 import torch
 
+from speclab.testing import char_tokenizer as make_tokenizer  # noqa: F401 - used by test modules
+from speclab.testing import tiny_llama
+
 torch.set_num_threads(1)  # tiny models; and several test processes must not fight over 2 cores
-
-VOCAB = "abcdefghijklmnopqrstuvwxyz .,"
-
-
-def make_tokenizer(chars: str = VOCAB):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {c: i for i, c in enumerate(chars)}
-    vocab["<eos>"] = len(vocab)
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tk.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>")
 
 
 def make_model(path, seed: int, tokenizer=None, vocab_size: int | None = None, layers: int = 2, hidden: int = 64,
                eos: int | None = None, init: float = 0.2, base_state=None, noise: float = 0.0, dtype=torch.float32):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    """The tests' default tiny Llama: 2 KV heads (GQA), 256 positions, a wide init (sharp logits)."""
     tokenizer = tokenizer or make_tokenizer()
-    V = vocab_size or len(tokenizer)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      initializer_range=init, eos_token_id=eos if eos is not None else len(tokenizer) - 1,
-                      bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    m = LlamaForCausalLM(cfg).to(dtype)
-    if base_state is not None:
-        m.load_state_dict(base_state)
-        if noise:
-            g = torch.Generator().manual_seed(seed)
-            with torch.no_grad():
-                for p in m.parameters():
-                    p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * noise * p.std().clamp(min=1e-3))
-    m.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return m
+    return tiny_llama(path, tokenizer, seed=seed, vocab_size=vocab_size, layers=layers, hidden=hidden, kv_heads=2,
+                      max_pos=256, init=init, eos=eos if eos is not None else len(tokenizer) - 1,
+                      base_state=base_state, noise=noise, dtype=dtype)
 
 
 @pytest.fixture(scope="session")

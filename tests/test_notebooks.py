@@ -57,12 +57,13 @@ def test_structure(path):
 def notebook_env(tmp_path_factory):
     """Env vars for a small run: SPECLAB_NB_SMALL=1, one torch thread, and the models to use."""
     from speclab.family import DEFAULT_DRAFT, DEFAULT_TARGET
-    from speclab.nb import family_available, make_tiny_family
+    from speclab.nb import family_available
+    from speclab.testing import tiny_family
 
     env = {"SPECLAB_NB_SMALL": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     shipped = family_available(DEFAULT_TARGET, DEFAULT_DRAFT, "draft-xs", "draft-xs-distill")
     if os.environ.get("SPECLAB_NB_TEST_TINY") == "1" or not shipped:
-        d = make_tiny_family(tmp_path_factory.mktemp("nb_models"))
+        d = tiny_family(tmp_path_factory.mktemp("nb_models"))
         env.update(SPECLAB_NB_TARGET=d["tiny-target"], SPECLAB_NB_DRAFT=d["tiny-draft"],
                    SPECLAB_NB_DRAFTS=f"{d['tiny-draft']},ngram")
     # a python3 kernelspec that runs *this* interpreter (the venv with speclab), first on the path

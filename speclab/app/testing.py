@@ -1,6 +1,6 @@
-"""Helpers for the app's tests (and for developing the app before the embedded family exists):
-tiny random Llama models sharing one tokenizer, a mismatched one, and a launcher that starts
-``python app.py`` on a free local port.
+"""Helpers for the app's tests (and for developing the app before the embedded family exists): the
+models to use (the shipped family, else a tiny family from :mod:`speclab.testing`) and a launcher
+that starts ``python app.py`` on a free local port.
 """
 
 from __future__ import annotations
@@ -34,57 +34,13 @@ def family_models() -> dict[str, str] | None:
     return {"target": DEFAULT_TARGET, "draft": drafts[0], "mismatch": mism[0] if mism else None}
 
 
-def _train_tokenizer(vocab_size: int, texts: list[str]):
-    from speclab.family.train import hf_tokenizer, train_tokenizer
-
-    return hf_tokenizer(train_tokenizer(texts, vocab_size), max_length=512)
-
-
-def _corpus() -> list[str]:
-    texts = []
-    for d in (REPO / "datasets", REPO / "speclab" / "datasets"):
-        for p in sorted(d.glob("*.jsonl")):
-            texts.append(p.read_text(encoding="utf-8"))
-        if texts:
-            break
-    return texts or ["def f(x):\n    return x + 1\n", "The quick brown fox jumps over the lazy dog."] * 20
-
-
 def build_tiny_models(out: str | Path, seed: int = 0) -> dict[str, str]:
     """A tiny random target, a draft that is the target plus noise (accepts often, not always), and a
     model with a different tokenizer. Returns {'target', 'draft', 'mismatch'} -> directory."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from speclab.testing import tiny_family
 
-    out = Path(out)
-    paths = {r: out / r for r in ("target", "draft", "mismatch")}
-    if all((p / "config.json").exists() for p in paths.values()):
-        return {k: str(v) for k, v in paths.items()}
-    texts = _corpus()
-    tok = _train_tokenizer(384, texts)
-    alt = _train_tokenizer(300, texts[::-1] + ["alt"])
-
-    def cfg(vocab):
-        return LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
-                           bos_token_id=0, eos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
-
-    torch.manual_seed(seed)
-    target = LlamaForCausalLM(cfg(len(tok)))
-    with torch.no_grad():  # sharper logits: a random model that prefers some tokens strongly
-        target.lm_head.weight.mul_(8.0)
-    draft = LlamaForCausalLM(cfg(len(tok)))
-    draft.load_state_dict(target.state_dict())
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * p.std() * 0.35)
-    mism = LlamaForCausalLM(cfg(len(alt)))
-    for name, model, t in (("target", target, tok), ("draft", draft, tok), ("mismatch", mism, alt)):
-        paths[name].mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(str(paths[name]), safe_serialization=True)
-        t.save_pretrained(str(paths[name]))
-    return {k: str(v) for k, v in paths.items()}
+    return tiny_family(out, seed=seed, vocab=384, init=0.02, head_scale=8.0, max_pos=512, target="target",
+                       drafts={"draft": 0.35}, mismatch="mismatch")
 
 
 def models_for_tests(tmp_dir: str | Path) -> dict[str, str | None]:

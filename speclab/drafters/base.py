@@ -30,6 +30,9 @@ class DraftContext:
     host: list[list[int]]  # per running row, prompt + generated tokens
     costs: object | None = None  # speclab.engine.costs.OnlineCosts: measured step times (synthetic drafts)
     request_ids: list[str] = field(default_factory=list)  # per running row
+    # the scheduler's target KV cache: self-drafters that run the target's own layers (early exit) write
+    # draft K/V into it above each row's length; the verify forward rewrites those slots before reading them
+    target_cache: object | None = None
 
     @property
     def n(self) -> int:

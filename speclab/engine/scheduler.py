@@ -227,7 +227,8 @@ class Scheduler:
 
         n = len(self.rows)
         return DraftContext(self.buf, self.lengths[:n], [len(r.context) for r in self.rows],
-                            [r.context for r in self.rows], self.costs, [r.request_id for r in self.rows])
+                            [r.context for r in self.rows], self.costs, [r.request_id for r in self.rows],
+                            self.cache)
 
     # ------------------------------------------------------------------ stopping
     def _cut(self, req: Request, new: list[int]) -> tuple[list[int], str | None]:
@@ -304,14 +305,14 @@ class Scheduler:
                 finished.append(r0 + i)
             if active:
                 events.append(prefill_round(r.row, first_h[i], fp_h[i], reason, r.request_id))
-        if self.drafter is not None and self.k_max > 0:
-            feats = {k: v for k, v in out.hidden.items()} if self.draft_features else None
-            self.drafter.admit(self._ctx(), range(r0, r0 + m), feats)
-        if active:
+        if active:  # the first tokens are known now: the draft's own prefill (below) does not delay them
             sync(dev)
             t1 = time.perf_counter()
             run, wait = len(self.rows) - len(finished), len(self.waiting)
             self.hooks.emit(RoundEvent(self.run_id, self.round, t1, {"prefill": t1 - t0}, events, "prefill", run, wait))
+        if self.drafter is not None and self.k_max > 0:
+            feats = dict(out.hidden) if self.draft_features else None
+            self.drafter.admit(self._ctx(), range(r0, r0 + m), feats)
         done = [self.rows[i] for i in finished]
         self._leave(finished)
         return done

@@ -389,19 +389,6 @@ def build_corpus(seed: int = 0, *, code_chars: int = 9_000_000, prose_chars: int
     return corpus
 
 
-def tiny_corpus(seed: int = 0) -> Corpus:
-    """A very small corpus for tests."""
-    return build_corpus(seed, code_chars=60_000, prose_chars=30_000, record_chars=40_000, heldout_fraction=0.2)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    import time
-
-    t = time.time()
-    c = build_corpus(0)
-    print(json.dumps(c.stats(), indent=1), c.fingerprint(), f"{time.time() - t:.1f}s")
-
-
 COPY_MARKERS = ["\n\n# copy of the block above\n", "\n\nAgain:\n", "\n\n---\n", "\n\nRepeated:\n",
                 "\n\n# duplicate\n", "\n\nSame text:\n", "\n\nOnce more:\n", "\n\n# (repeated)\n",
                 "\n\nNew version:\n", "\n\n# after the change\n"]
@@ -447,3 +434,11 @@ def copy_documents(docs: list[Document], seed: int, max_chars: int) -> list[Docu
         total += len(text)
         i += 1
     return out
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import time
+
+    t = time.time()
+    c = build_corpus(0)
+    print(json.dumps(c.stats(), indent=1), c.fingerprint(), f"{time.time() - t:.1f}s")
