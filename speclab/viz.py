@@ -27,6 +27,8 @@ TOKEN_CSS = """
 .speclab-card { border: 1px solid #d0d7de; border-radius: 8px; padding: 8px 12px; min-width: 110px; background: #fff; }
 .speclab-card .v { font-size: 20px; font-weight: 600; color: #24292f; }
 .speclab-card .l { font-size: 12px; color: #57606a; }
+.speclab-card.speedup .v { color: #0969da; }
+.speclab-card.slower .v { color: #cf222e; }
 </style>
 """
 
@@ -54,21 +56,33 @@ def tokens_html(tokens: list[dict], prompt: str | None = None, css: bool = True)
     return (TOKEN_CSS if css else "") + f'<div class="speclab-tokens">{pre}{body}</div>'
 
 
-def metric_cards_html(m: dict, baseline: dict | None = None) -> str:
+def metric_cards_html(m: dict | None, baseline: dict | None = None, phase: str = "") -> str:
+    """Metric cards; with a baseline, the speedup vs k = 0 (and a warning when speculation is slower).
+    ``phase`` "speculative" / "baseline" shows the speedup card as pending while the runs go on."""
+    from .metrics import speedup
+
     def f(x, spec):
         return "–" if x is None else format(x, spec)
 
+    m = m or {}
     cards = [
-        ("acceptance rate", f(m.get("acceptance_rate"), ".2f")),
-        ("mean accepted length", f(m.get("mean_accepted_length"), ".2f")),
-        ("tokens/s", f(m.get("tokens_per_s"), ".1f")),
-        ("TTFT ms", f(m.get("ttft_ms"), ".1f")),
-        ("TPOT ms", f(m.get("tpot_ms"), ".2f")),
+        ("acceptance rate", f(m.get("acceptance_rate"), ".2f"), ""),
+        ("mean accepted length", f(m.get("mean_accepted_length"), ".2f"), ""),
+        ("tokens/s", f(m.get("tokens_per_s"), ".1f"), ""),
+        ("TTFT ms", f(m.get("ttft_ms"), ".1f"), ""),
+        ("TPOT ms", f(m.get("tpot_ms"), ".2f"), ""),
     ]
-    if baseline is not None and baseline.get("tokens_per_s") and m.get("tokens_per_s"):
-        cards.append(("speedup vs k=0", f"{m['tokens_per_s'] / baseline['tokens_per_s']:.2f}×"))
-    inner = "".join(f'<div class="speclab-card"><div class="v">{v}</div><div class="l">{l}</div></div>'
-                    for l, v in cards)
+    if baseline is not None:
+        sp = speedup(m, baseline)
+        cards.append(("baseline tokens/s (k=0)", f(baseline.get("tokens_per_s"), ".1f"), ""))
+        if sp is not None and sp < 1.0:
+            cards.append(("speedup vs k=0: slower than plain decoding", f"{sp:.2f}×", "speedup slower"))
+        else:
+            cards.append(("speedup vs k=0", f(sp, ".2f") + ("×" if sp is not None else ""), "speedup"))
+    elif phase in ("speculative", "baseline"):
+        cards.append(("speedup vs k=0", "measuring…" if phase == "baseline" else "after the run", "speedup"))
+    inner = "".join(f'<div class="speclab-card {c}"><div class="v">{v}</div><div class="l">{lab}</div></div>'
+                    for lab, v, c in cards)
     return TOKEN_CSS + f'<div class="speclab-cards">{inner}</div>'
 
 
@@ -248,3 +262,21 @@ def cumulative_tokens_chart(gaps_df):
         color=alt.Color("method:N"),
         tooltip=["method", "tokens", alt.Tooltip("t_ms:Q", format=".1f")],
     ).properties(width=360, height=200, title="tokens over time")
+
+
+def k_per_round_chart(rounds):
+    """Each row's draft length per round (records or a DataFrame with round, row, k, k_reason): what an
+    adaptive policy decided, and why (tooltip)."""
+    import altair as alt
+    import pandas as pd
+
+    d = pd.DataFrame(rounds)
+    if not len(d):
+        d = pd.DataFrame(columns=["round", "row", "k", "k_reason", "drafted", "accepted"])
+    d["row"] = d["row"].astype(str)
+    return alt.Chart(d).mark_line(point=True, interpolate="step-after").encode(
+        x=alt.X("round:Q", title="round"),
+        y=alt.Y("k:Q", title="draft length k"),
+        color=alt.Color("row:N", title="row"),
+        tooltip=["round", "row", "k", "k_reason", "drafted", "accepted"],
+    ).properties(width=520, height=160, title="draft length chosen per round and row")

@@ -9,7 +9,6 @@ Only loaded models are shared, read-only, through :func:`speclab.sweep.cached_mo
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import threading
 import time
@@ -17,16 +16,25 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..errors import SpeclabError
+from ..limits import check_float, check_int
+from ..metrics import speedup
 
+# the app's own ranges (what its controls offer); the checks themselves are speclab.limits'
 MAX_K = 16
-MAX_BATCH = 16
+MAX_BATCH = 256  # far enough for speculation to stop paying on a 2-core CPU (see the README's crossover)
 MAX_NEW_TOKENS = 256
 MAX_TEMPERATURE = 2.0
+MAX_TOP_K = 2048
 MAX_SEED = 2**31 - 1
 MAX_PROMPT_CHARS = 8000
-MAX_SWEEP_CELLS = 120  # (workload, batch, draft, k) cells incl. baselines
+MAX_SWEEP_CELLS = 120  # (workload, batch, draft, policy, k) cells incl. baselines
 SWEEP_KS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
-SWEEP_BATCHES = [1, 2, 4, 8, 16]
+SWEEP_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+# what the first screen runs: chosen by measurement (README, "Defaults"): a workload and settings where
+# speculation pays on the embedded family on a CPU
+DEFAULT_WORKLOAD = "json"
+DEFAULT_K = 4
+DEFAULT_POLICY = "fixed"
 FILL_COPIES = "copies of the prompt"
 FILL_WORKLOAD = "other prompts of the workload"
 BUILTIN_DRAFTS = ("ngram", "none")
@@ -116,30 +124,6 @@ class AppConfig:
 
 
 # --------------------------------------------------------------------------------- validation
-def _int(name: str, v, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or v is None or v == "":
-        raise SpeclabError(f"{name} must be a whole number between {lo} and {hi}, got {v!r}")
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise SpeclabError(f"{name} must be a whole number between {lo} and {hi}, got {v!r}") from None
-    if not math.isfinite(f) or f != int(f):
-        raise SpeclabError(f"{name} must be a whole number between {lo} and {hi}, got {v!r}")
-    if not lo <= int(f) <= hi:
-        raise SpeclabError(f"{name} must be between {lo} and {hi}, got {int(f)}")
-    return int(f)
-
-
-def _float(name: str, v, lo: float, hi: float, lo_open: bool = False) -> float:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise SpeclabError(f"{name} must be a number in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}") from None
-    if not math.isfinite(f) or f > hi or f < lo or (lo_open and f <= lo):
-        raise SpeclabError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
-    return f
-
-
 def check_model_choice(cfg: AppConfig, value, role: str) -> str:
     choices = cfg.targets if role == "target" else cfg.drafts
     if not isinstance(value, str) or not value.strip():
@@ -173,31 +157,49 @@ class DecodeSettings:
     fill: str = FILL_WORKLOAD
     workload: str | None = None
     pace_ms: int = 0
+    top_k: int = 0
+    policy: str = "fixed"
 
     @property
     def speculative(self) -> bool:
-        return self.draft != "none" and self.k > 0
+        return self.draft != "none" and self.k > 0 and self.policy != "off"
+
+
+def policy_names() -> list[str]:
+    """Every draft-length policy the engine knows (``speclab.engine.policies.POLICIES``)."""
+    from ..engine.policies import POLICIES
+
+    return list(POLICIES)
+
+
+def check_policy(policy) -> str:
+    names = policy_names()
+    if not isinstance(policy, str) or policy.strip().lower() not in names:
+        raise SpeclabError(f"unknown policy {policy!r} (known: {', '.join(names)})")
+    return policy.strip().lower()
 
 
 def validate_decode(cfg: AppConfig, prompt, target, draft, k, batch, temperature, top_p, max_new_tokens, seed,
-                    fill=FILL_WORKLOAD, workload=None, pace_ms=0) -> DecodeSettings:
+                    fill=FILL_WORKLOAD, workload=None, pace_ms=0, top_k=0, policy="fixed") -> DecodeSettings:
     if not isinstance(prompt, str) or not prompt.strip():
         raise SpeclabError("the prompt is empty: type one or pick an example")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise SpeclabError(f"the prompt is too long ({len(prompt)} characters, at most {MAX_PROMPT_CHARS})")
     target = check_model_choice(cfg, target, "target")
     draft = check_model_choice(cfg, draft, "draft")
-    k = _int("k (draft length)", k, 0, MAX_K)
-    batch = _int("batch size", batch, 1, MAX_BATCH)
-    temperature = _float("temperature", temperature, 0.0, MAX_TEMPERATURE)
-    top_p = _float("top-p", top_p, 0.0, 1.0, lo_open=True)
-    max_new_tokens = _int("max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
-    seed = _int("seed", seed, 0, MAX_SEED)
-    pace_ms = _int("pause per round (ms)", pace_ms or 0, 0, 2000)
+    k = check_int("k (draft length)", k, 0, MAX_K)
+    batch = check_int("batch size", batch, 1, MAX_BATCH)
+    temperature = check_float("temperature", temperature, 0.0, MAX_TEMPERATURE)
+    top_p = check_float("top-p", top_p, 0.0, 1.0, lo_open=True)
+    top_k = check_int("top-k", top_k if top_k is not None else 0, 0, MAX_TOP_K)
+    max_new_tokens = check_int("max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
+    seed = check_int("seed", seed, 0, MAX_SEED)
+    pace_ms = check_int("pause per round (ms)", pace_ms or 0, 0, 2000)
+    policy = check_policy(policy or "fixed")
     fill = fill if fill in (FILL_COPIES, FILL_WORKLOAD) else FILL_WORKLOAD
     workload = workload if isinstance(workload, str) and workload else None
     return DecodeSettings(prompt, target, draft, k, batch, temperature, top_p, max_new_tokens, seed, fill,
-                          workload, pace_ms)
+                          workload, pace_ms, top_k, policy)
 
 
 # --------------------------------------------------------------------------------- models
@@ -285,25 +287,23 @@ class RunView:
     finish_reasons: list[str] = field(default_factory=list)
     round: int = 0
     cancelled: bool = False
+    rounds: list[dict] = field(default_factory=list)  # per (round, row): the chosen k and why (speculative run)
 
     @property
     def speedup(self) -> float | None:
-        if self.baseline is None or self.metrics is None:
-            return None
-        a, b = self.metrics.get("tokens_per_s"), self.baseline.get("tokens_per_s")
-        return a / b if a and b else None
+        return speedup(self.metrics, self.baseline)
 
     def to_dict(self) -> dict:
         return {"settings": dataclasses.asdict(self.settings), "prompts": self.prompts, "tokens": self.tokens,
                 "metrics": self.metrics, "baseline_metrics": self.baseline, "speedup": self.speedup,
-                "finish_reasons": self.finish_reasons, "error": None}
+                "finish_reasons": self.finish_reasons, "rounds": self.rounds, "error": None}
 
 
 def timed_stream(dec, prompts, s: DecodeSettings, k: int, recorder) -> Iterator:
     """``dec.stream`` with the consumer's time taken out of every event's clock; each event is fed
     to ``recorder`` and yielded. Closing this generator cancels the run between rounds."""
     it = dec.stream(prompts, k=k, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                    seed=s.seed)
+                    top_k=s.top_k, seed=s.seed, policy=s.policy if k > 0 else None)
     overhead = 0.0
     try:
         while True:
@@ -351,6 +351,11 @@ def run_decode(cfg: AppConfig, s: DecodeSettings, min_interval: float = 0.08) ->
             if s.pace_ms:
                 time.sleep(s.pace_ms / 1000)
     view.tokens, view.metrics = rec.token_dicts(), rec.summary()
+    if s.speculative:
+        df = rec.rounds_frame()
+        if len(df):
+            keep = ["round", "row", "k", "k_reason", "drafted", "accepted"]
+            view.rounds = df[df["phase"] == "verify"][keep].to_dict("records")
     if not s.speculative:  # this run is the baseline
         view.baseline = view.metrics
     else:
@@ -413,16 +418,17 @@ def validate_sweep(cfg: AppConfig, target, workloads, drafts, ks, batches, promp
             ds.append(d)
     if not ds:
         raise SpeclabError("pick at least one draft (the k = 0 baseline is always measured)")
-    kl = sorted({_int("k", k, 1, MAX_K) for k in _as_list("k values", ks)})
+    kl = sorted({check_int("k", k, 1, MAX_K) for k in _as_list("k values", ks)})
     if not kl:
         raise SpeclabError("pick at least one k")
-    bl = sorted({_int("batch size", b, 1, MAX_BATCH) for b in _as_list("batch sizes", batches)})
+    bl = sorted({check_int("batch size", b, 1, MAX_BATCH) for b in _as_list("batch sizes", batches)})
     if not bl:
         raise SpeclabError("pick at least one batch size")
     s = SweepSettings(target, tuple(wl), tuple(ds), tuple(kl), tuple(bl),
-                      _int("prompts per workload", prompts_per_workload, 1, 32),
-                      _int("max new tokens", max_new_tokens, 1, 128),
-                      _float("temperature", temperature, 0.0, MAX_TEMPERATURE), _int("seed", seed, 0, MAX_SEED))
+                      check_int("prompts per workload", prompts_per_workload, 1, 32),
+                      check_int("max new tokens", max_new_tokens, 1, 128),
+                      check_float("temperature", temperature, 0.0, MAX_TEMPERATURE),
+                      check_int("seed", seed, 0, MAX_SEED))
     if s.cells > MAX_SWEEP_CELLS:
         raise SpeclabError(f"this sweep has {s.cells} cells (at most {MAX_SWEEP_CELLS}): pick fewer workloads, "
                            f"drafts, k values or batch sizes")
@@ -491,8 +497,16 @@ def sweep_table(df):
 
 
 # --------------------------------------------------------------------------------- timing
-def run_timing(cfg: AppConfig, s: DecodeSettings) -> dict:
-    """Baseline and speculative run on the same prompt (row 0 only): per-token gaps and TTFT."""
+TIMING_REPEATS = 5
+
+
+def run_timing(cfg: AppConfig, s: DecodeSettings, repeats: int = TIMING_REPEATS) -> dict:
+    """Baseline and speculative runs of the same prompt (one row), each warmed up, then interleaved
+    (baseline, speculative, baseline, ...) ``repeats`` times: the table holds the medians, the gap
+    charts the run whose tokens/s is its method's median. Neither method pays the process's first,
+    slow forwards, and a burst of load on a shared machine hits both alike."""
+    import statistics
+
     import pandas as pd
 
     from ..analysis.sweep import new_drafter
@@ -500,22 +514,38 @@ def run_timing(cfg: AppConfig, s: DecodeSettings) -> dict:
     from ..metrics import Recorder
 
     target = get_target(cfg, s.target)
-    drafter = new_drafter(s.draft, target) if s.speculative else None
     warm_up(target, s.draft if s.speculative else "none")
     prompts = [s.prompt]
     runs = [("baseline (k=0)", None, 0)]
-    if drafter is not None:
-        runs.append((f"{s.draft} k={s.k}", drafter, s.k))
-    gaps, ttft, summaries = [], [], {}
-    for name, d, k in runs:
-        rec = Recorder(target)
-        for _ in timed_stream(SpeculativeDecoder(target, d), prompts, s, k, rec):
-            pass
-        m = rec.summary()
-        summaries[name] = m
-        g = rec.gaps_frame()
+    if s.speculative:
+        runs.append((f"{s.draft} k={s.k}" + (f" ({s.policy})" if s.policy != "fixed" else ""), s.draft, s.k))
+    for _, spec, k in runs:  # warm both paths on this very prompt
+        SpeculativeDecoder(target, new_drafter(spec, target) if spec else None).generate(
+            prompts, k=k, max_new_tokens=min(8, s.max_new_tokens), record=False)
+    per: dict[str, list] = {name: [] for name, _, _ in runs}
+    for _ in range(max(1, repeats)):
+        for name, spec, k in runs:
+            rec = Recorder(target)
+            dec = SpeculativeDecoder(target, new_drafter(spec, target) if spec else None)
+            for _ev in timed_stream(dec, prompts, s, k, rec):
+                pass
+            per[name].append(rec)
+    gaps, rows, summaries = [], [], {}
+    for name, recs in per.items():
+        ms = [r.summary() for r in recs]
+        tps = [m["tokens_per_s"] or 0.0 for m in ms]
+        mid = sorted(range(len(ms)), key=lambda i: tps[i])[len(ms) // 2]  # the median run, for the charts
+        med = {key: statistics.median([m[key] for m in ms if m[key] is not None])
+               for key in ("ttft_ms", "tpot_ms", "tokens_per_s", "itl_p50_ms", "itl_max_ms")
+               if any(m[key] is not None for m in ms)}
+        summaries[name] = dict(ms[mid], **med, repeats=len(ms))
+        g = recs[mid].gaps_frame()
         g["method"] = name
         gaps.append(g)
-        ttft.append(dict(method=name, ttft_ms=m["ttft_ms"], tpot_ms=m["tpot_ms"], tokens_per_s=m["tokens_per_s"],
-                         itl_p50_ms=m["itl_p50_ms"], itl_max_ms=m["itl_max_ms"]))
-    return {"gaps": pd.concat(gaps, ignore_index=True), "ttft": pd.DataFrame(ttft), "metrics": summaries}
+        rows.append(dict(method=name, **{key: med.get(key) for key in ("ttft_ms", "tpot_ms", "tokens_per_s",
+                                                                      "itl_p50_ms", "itl_max_ms")},
+                         repeats=len(ms)))
+    names = [n for n, _, _ in runs]
+    sp = speedup(summaries[names[-1]], summaries[names[0]]) if len(names) == 2 else None
+    return {"gaps": pd.concat(gaps, ignore_index=True), "ttft": pd.DataFrame(rows), "metrics": summaries,
+            "speedup": sp}

@@ -19,7 +19,7 @@ import gradio as gr
 from .. import viz
 from ..errors import SpeclabError
 from . import core
-from .core import AppConfig
+from .core import DEFAULT_K, DEFAULT_POLICY, DEFAULT_WORKLOAD, AppConfig
 
 log = logging.getLogger("speclab.app")
 
@@ -38,7 +38,6 @@ CSS = """
 .speclab-rows { max-height: 640px; overflow-y: auto; }
 .speclab-status { min-height: 1.5em; }
 .speclab-error { color: #cf222e; font-weight: 600; }
-.speclab-card.speedup .v { color: #0969da; }
 """
 INTRO = """# speclab: speculative decoding, token by token
 A small **draft** proposes *k* tokens, the **target** checks them all in one forward pass and keeps the
@@ -78,27 +77,6 @@ def _fmt(x, spec: str) -> str:
     return "–" if x is None else format(x, spec)
 
 
-def cards_html(m: dict | None, baseline: dict | None, phase: str) -> str:
-    m = m or {}
-    cards = [
-        ("acceptance rate", _fmt(m.get("acceptance_rate"), ".2f"), ""),
-        ("mean accepted length", _fmt(m.get("mean_accepted_length"), ".2f"), ""),
-        ("tokens/s", _fmt(m.get("tokens_per_s"), ".1f"), ""),
-        ("TTFT ms", _fmt(m.get("ttft_ms"), ".1f"), ""),
-        ("TPOT ms", _fmt(m.get("tpot_ms"), ".2f"), ""),
-    ]
-    if baseline is not None:
-        b = baseline.get("tokens_per_s")
-        sp = m.get("tokens_per_s") / b if b and m.get("tokens_per_s") else None
-        cards.append(("baseline tokens/s (k=0)", _fmt(b, ".1f"), ""))
-        cards.append(("speedup vs k=0", "–" if sp is None else f"{sp:.2f}×", "speedup"))
-    elif phase in ("speculative", "baseline"):
-        cards.append(("speedup vs k=0", "measuring…" if phase == "baseline" else "after the run", "speedup"))
-    inner = "".join(f'<div class="speclab-card {c}"><div class="v">{v}</div><div class="l">{l}</div></div>'
-                    for l, v, c in cards)
-    return viz.TOKEN_CSS + f'<div class="speclab-cards">{inner}</div>'
-
-
 def _clip(prompt: str, n: int = 400) -> str:
     return prompt if len(prompt) <= n else "…" + prompt[-n:]
 
@@ -124,7 +102,8 @@ def rows_html(view: dict | None, which: str = ALL_ROWS) -> str:
 
 def _status(view: core.RunView) -> str:
     s = view.settings
-    what = f"**{_label(s.draft)}** k={s.k}" if s.speculative else "**baseline** (no draft)"
+    pol = f", policy {s.policy}" if s.policy != "fixed" else ""
+    what = f"**{_label(s.draft)}** k={s.k}{pol}" if s.speculative else "**baseline** (no draft)"
     n = sum(sum(1 for t in r if t["status"] != "rejected") for r in view.tokens)
     if view.phase == "speculative":
         return f"▶ decoding with {what}: round {view.round}, {n} tokens"
@@ -132,6 +111,9 @@ def _status(view: core.RunView) -> str:
         return f"▶ {what} done ({n} tokens, {view.round} rounds); now the k = 0 baseline with the same settings…"
     sp = view.speedup
     tail = f"; speedup vs k=0: **{sp:.2f}×**" if sp is not None and s.speculative else ""
+    if sp is not None and s.speculative and sp < 1.0:
+        tail += (" — **slower than plain decoding** with these settings (try another draft, a smaller k, or the "
+                 "adaptive policy)")
     cancelled = " (cancelled)" if view.cancelled else ""
     return f"✓ {what} on `{_label(s.target)}`, batch {s.batch}: {n} tokens in {view.round} rounds{tail}{cancelled}"
 
@@ -169,8 +151,10 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
     cfg = cfg or AppConfig.from_env()
     examples = _workload_examples()
     workloads = list(examples)
-    first_wl = workloads[0] if workloads else None
+    # the first screen opens on a workload where speculation pays on the embedded family (JSON records)
+    first_wl = DEFAULT_WORKLOAD if DEFAULT_WORKLOAD in workloads else (workloads[0] if workloads else None)
     first_prompt = examples[first_wl][0].prompt if first_wl else "def fibonacci(n):\n"
+    policies = core.policy_names()
     custom = cfg.allow_custom_models
     custom_info = " · or type a local directory / hub id" if custom else ""
     target_choices = [(_label(t), t) for t in cfg.targets]
@@ -205,8 +189,14 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                             draft = _lenient(gr.Dropdown(draft_choices, value=cfg.default_draft, label="draft",
                                                          allow_custom_value=custom, info="embedded drafts, ngram "
                                                          "prompt lookup, or none" + custom_info))
-                        k = _lenient(gr.Slider(0, core.MAX_K, value=4, step=1, label="k (draft tokens per round)",
-                                               elem_id="k"))
+                        with gr.Row():
+                            k = _lenient(gr.Slider(0, core.MAX_K, value=DEFAULT_K, step=1,
+                                                   label="k (draft tokens per round; the largest k for an "
+                                                   "adaptive policy)", elem_id="k", scale=2))
+                            policy = _lenient(gr.Dropdown(policies, value=DEFAULT_POLICY if DEFAULT_POLICY in policies
+                                                          else policies[0], label="policy",
+                                                          info="how k is chosen each round", elem_id="policy",
+                                                          scale=1))
                         batch = _lenient(gr.Slider(1, core.MAX_BATCH, value=1, step=1, label="batch size"))
                         fill = gr.Radio([core.FILL_WORKLOAD, core.FILL_COPIES], value=core.FILL_WORKLOAD,
                                         label="rows after the first (batch > 1)")
@@ -214,6 +204,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                             temperature = _lenient(gr.Slider(0, core.MAX_TEMPERATURE, value=0.0, step=0.05,
                                                              label="temperature (0 = greedy)"))
                             top_p = _lenient(gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p"))
+                            top_k = _lenient(gr.Slider(0, core.MAX_TOP_K, value=0, step=1, label="top-k (0 = off)",
+                                                       elem_id="top-k"))
                             max_new = _lenient(gr.Slider(1, core.MAX_NEW_TOKENS, value=64, step=1,
                                                          label="max new tokens"))
                             seed = _lenient(gr.Number(0, label="seed", precision=0, minimum=0))
@@ -221,49 +213,56 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                                                       label="pause per round (ms, to watch rounds arrive)",
                                                       elem_id="pace"))
                 status = gr.Markdown("", label="status", elem_classes="speclab-status", elem_id="decode-status")
-                cards = gr.HTML(cards_html(None, None, ""), label="metrics", elem_id="cards")
+                cards = gr.HTML(viz.metric_cards_html(None, None, ""), label="metrics", elem_id="cards")
                 with gr.Row():
                     gr.HTML(viz.TOKEN_CSS + viz.legend_html() + '<div class="speclab-rowhead">hover a token: '
                             'draft & target probability, round</div>')
                     rows = gr.Dropdown(_row_choices(1), value=ALL_ROWS, label="show", scale=0, min_width=160)
                 tokens = gr.HTML(rows_html(None), label="tokens", elem_id="tokens")
+                k_plot = gr.Plot(label="draft length per round", show_label=False, elem_id="plot-k-rounds")
                 with gr.Accordion("raw result (JSON, as returned by the API)", open=False):
                     result = gr.JSON(label="result")
                 state = gr.State(None)
 
                 decode_inputs = [prompt, target, draft, k, batch, fill, workload, temperature, top_p, max_new, seed,
-                                 pace, rows]
-                decode_outputs = [status, cards, tokens, result, state, rows]
+                                 pace, rows, top_k, policy]
+                decode_outputs = [status, cards, tokens, result, state, rows, k_plot]
 
                 @gpu(180)
                 def _decode(prompt_, target_, draft_, k_, batch_, fill_, workload_, temp_, top_p_, max_new_,
-                            seed_, pace_, rows_, auto_run=False):
+                            seed_, pace_, rows_, top_k_=0, policy_="fixed", auto_run=False):
                     try:
                         s = core.validate_decode(cfg, prompt_, target_, draft_, k_, batch_, temp_, top_p_,
-                                                 max_new_, seed_, fill_, workload_, pace_)
+                                                 max_new_, seed_, fill_, workload_, pace_, top_k_, policy_)
                     except SpeclabError as e:
                         if auto_run:  # a control moved with no valid run to redo: stay quiet
                             yield tuple(gr.skip() for _ in decode_outputs)
                             return
                         gr.Warning(str(e))
-                        yield (_error_md(str(e)), gr.skip(), gr.skip(), {"error": str(e)}, gr.skip(), gr.skip())
+                        yield (_error_md(str(e)), gr.skip(), gr.skip(), {"error": str(e)}, gr.skip(), gr.skip(),
+                               gr.skip())
                         return
                     which = rows_ if rows_ in _row_choices(s.batch) else ALL_ROWS
                     row_update = gr.update(choices=_row_choices(s.batch), value=which)
                     yield (f"▶ loading `{s.target}`" + (f" and `{s.draft}`" if s.speculative else "") + "…",
-                           cards_html(None, None, "speculative"), gr.skip(), gr.skip(), gr.skip(), row_update)
+                           viz.metric_cards_html(None, None, "speculative"), gr.skip(), gr.skip(), gr.skip(),
+                           row_update, gr.skip())
                     view = None
                     try:
                         for view in core.run_decode(cfg, s):
                             d = view.to_dict()
                             done = view.phase == "done"
-                            yield (_status(view), cards_html(view.metrics, view.baseline, view.phase),
+                            chart = gr.skip()
+                            if done:
+                                chart = viz.k_per_round_chart(view.rounds) if view.rounds else None
+                            yield (_status(view), viz.metric_cards_html(view.metrics, view.baseline, view.phase),
                                    gr.skip() if view.phase == "baseline" else rows_html(d, which),
-                                   d if done else gr.skip(), d if done else gr.skip(), gr.skip())
+                                   d if done else gr.skip(), d if done else gr.skip(), gr.skip(), chart)
                     except Exception as e:  # noqa: BLE001 - one line in the page, never a traceback
                         msg = _one_line(e)
                         gr.Warning(msg)
-                        yield (_error_md(msg), gr.skip(), gr.skip(), {"error": msg}, gr.skip(), gr.skip())
+                        yield (_error_md(msg), gr.skip(), gr.skip(), {"error": msg}, gr.skip(), gr.skip(),
+                               gr.skip())
 
                 def _decode_auto(*args):
                     yield from _decode(*args, auto_run=True)
@@ -279,7 +278,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                                api_name="decode", trigger_mode="always_last", concurrency_id="decode",
                                show_progress="minimal", show_progress_on=tokens)
                 auto_ev = gr.on([k.release, batch.release, temperature.release, top_p.release, max_new.release,
-                                 pace.release, seed.submit, draft.input, target.input, fill.input],
+                                 pace.release, seed.submit, draft.input, target.input, fill.input, top_k.release,
+                                 policy.input],
                                 _decode_auto_gated, decode_inputs + [auto], decode_outputs,
                                 api_visibility="private", trigger_mode="always_last", concurrency_id="decode",
                                 show_progress="minimal", show_progress_on=tokens)
@@ -415,14 +415,12 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                         gr.Warning(msg)
                         return (_error_md(msg),) + skip
                     ttft = r["ttft"].round(3)
-                    m = {name: v for name, v in r["metrics"].items()}
-                    names = list(m)
-                    sp = ""
-                    if len(names) == 2 and m[names[0]]["tokens_per_s"]:
-                        sp = f"; speedup {m[names[1]]['tokens_per_s'] / m[names[0]]['tokens_per_s']:.2f}×"
-                    per = len(r["gaps"]) // max(len(names), 1)
-                    msg = (f"✓ {per} tokens per method{sp}. Gaps of ~0 ms are tokens that arrived in the same "
-                           f"round as the previous one.")
+                    sp = r["speedup"]
+                    slower = " — slower than plain decoding with these settings" if sp is not None and sp < 1 else ""
+                    n = int(ttft["repeats"].iloc[0]) if len(ttft) else 0
+                    msg = (f"✓ medians of {n} interleaved runs per method, after a warm-up"
+                           + (f"; speedup **{sp:.2f}×**{slower}" if sp is not None else "")
+                           + ". Gaps of ~0 ms are tokens that arrived in the same round as the previous one.")
                     return (msg, viz.gaps_chart(r["gaps"]), viz.cumulative_tokens_chart(r["gaps"]),
                             viz.ttft_chart(r["ttft"]), ttft)
 
