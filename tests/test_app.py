@@ -122,8 +122,8 @@ def test_batch_rows_and_sweep_validation(tiny):
     sw = core.validate_sweep(cfg, tiny["target"], ["code"], ["ngram", "none"], [2, "4"], [1, 2], 2, 8, 0)
     assert sw.drafts == ("ngram",) and sw.ks == (2, 4) and sw.cells == 2 * (1 + 2)
     for bad in (dict(workloads=[]), dict(workloads=["nope"]), dict(drafts=["none"]), dict(ks=[0]), dict(ks=[99]),
-                dict(batches=[core.MAX_BATCH + 1]), dict(ks=core.SWEEP_KS, batches=core.SWEEP_BATCHES, workloads=["code", "json",
-                                                                                               "copy"])):
+                dict(batches=[core.MAX_BATCH + 1]),
+                dict(ks=core.SWEEP_KS, batches=core.SWEEP_BATCHES, workloads=["code", "json", "copy"])):
         args = dict(workloads=["code"], drafts=["ngram"], ks=[2], batches=[1])
         args.update(bad)
         with pytest.raises(SpeclabError):
