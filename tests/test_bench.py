@@ -33,3 +33,18 @@ def test_compare_smoke(tmp_path, capsys):
     assert t["method"] in ("speclab-draft", "speclab-ngram")
     assert t["value"] == max(b["value"] for b in t["by_method"].values())
     assert "target spec_vs_plain_json" in capsys.readouterr().out
+
+
+def test_compare_grid_defaults():
+    """A bare `speclab bench --compare` runs the compact grid (about 3 minutes); --full the whole one; what the
+    user gives always wins."""
+    import argparse
+
+    from speclab.analysis.compare import COMPACT, FULL, resolve_grid
+
+    bare = argparse.Namespace(workload=None, prompts_per_workload=None, ks=None, batches=None, reps=None, full=False)
+    resolve_grid(bare)
+    assert {k: getattr(bare, k) for k in COMPACT} == COMPACT and "code" in bare.workload
+    full = argparse.Namespace(workload=None, prompts_per_workload=None, ks="4", batches=None, reps=None, full=True)
+    resolve_grid(full)
+    assert full.ks == "4" and full.workload == FULL["workload"] and full.batches == FULL["batches"]

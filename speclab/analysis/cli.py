@@ -10,6 +10,8 @@ def cmd_bench(args) -> int:
         return run_compare(args)
     from .report import run_from_args
 
+    args.workload = args.workload or "all"
+    args.prompts_per_workload = args.prompts_per_workload or 8
     return run_from_args(args)
 
 
@@ -18,10 +20,11 @@ def add_commands(subparsers) -> None:
     from .compare import add_compare_arguments
 
     b = subparsers.add_parser("bench", help="acceptance per workload and drafter (greedy and T=0.8)")
-    b.add_argument("--workload", default="all", help="'all', a workload name, comma list or a .jsonl path")
+    b.add_argument("--workload", default=None, help="'all', a workload name, comma list or a .jsonl path "
+                   "(default: all; --compare: json,code unless --full)")
     b.add_argument("--k", "-k", type=int, default=4)
     b.add_argument("--max-new-tokens", type=int, default=64)
-    b.add_argument("--prompts-per-workload", type=int, default=8)
+    b.add_argument("--prompts-per-workload", type=int, default=None, help="(default 8; --compare: 3, --full 4)")
     b.add_argument("--drafter", action="append", default=None,
                    help="drafter to measure (repeatable; default: every family draft and ngram)")
     b.add_argument("--temperature", type=float, action="append", default=None,

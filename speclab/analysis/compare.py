@@ -36,9 +36,13 @@ PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 def add_compare_arguments(p) -> None:
     p.add_argument("--compare", action="store_true", help="speclab vs Hugging Face side by side (issue 6)")
     p.add_argument("--draft", default=None, help="draft model for --compare (default: the family's best draft)")
-    p.add_argument("--ks", default="2,4", help="k values for --compare")
-    p.add_argument("--batches", default="1,2,4,8,16", help="batch sizes for the --compare batch sweep")
-    p.add_argument("--reps", type=int, default=3, help="interleaved repetitions per prompt for --compare")
+    p.add_argument("--ks", default=None, help="k values for --compare (default 2,4; --full 2,4,6)")
+    p.add_argument("--batches", default=None, help="batch sizes for the --compare batch sweep (default 1,4,16; "
+                   "--full 1,2,4,8,16,32,64,128)")
+    p.add_argument("--reps", type=int, default=None, help="interleaved repetitions per prompt (default 2; --full 3)")
+    p.add_argument("--full", action="store_true", help="--compare over the full grid (every workload, 4 prompts, "
+                   "k 2,4,6, batches to 128, 3 repetitions: about 20 minutes on 2 cores) instead of the ~3-minute "
+                   "default")
     p.add_argument("--device", default=None)
 
 
@@ -143,11 +147,24 @@ def leviathan(a: float, k: int, c: float) -> float:
     return expected_speedup(min(max(a, 0.0), 1.0), k, c)
 
 
+COMPACT = dict(workload="json,code", prompts_per_workload=3, ks="2,4", batches="1,4,16", reps=2)
+FULL = dict(workload="all", prompts_per_workload=4, ks="2,4,6", batches="1,2,4,8,16,32,64,128", reps=3)
+
+
+def resolve_grid(args) -> None:
+    """Fill the settings the user did not give from the compact default grid (~3 minutes) or --full."""
+    grid = FULL if getattr(args, "full", False) else COMPACT
+    for key, value in grid.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
 def run_compare(args) -> int:
     from ..defaults import default_draft, setup_threads
     from ..models import load_model
     from ..workloads import load_workload, workload_names
 
+    resolve_grid(args)
     torch.manual_seed(0)
     target = load_model(args.target, device=args.device, role="target")
     setup_threads(args.threads or 1, target)
