@@ -265,3 +265,40 @@ def test_model_drafter_rolls_back_by_length(tiny, target_lm):
     dec.generate(["abc abc"], k=4, max_new_tokens=10)
     # after the run the drafter's cache length is at most the row length - 1 (nothing copied)
     assert d.host_dlen[0] <= len(target_lm.encode("abc abc")) + 10
+
+
+def test_finished_rows_leave_the_round(tiny, target_lm):
+    """A row that finishes is never drafted or verified again: the verify forwards shrink to the running
+    rows, and the total verified positions equal the sum over rounds of running rows x (k+1)."""
+    from speclab.engine import Scheduler
+    from speclab.engine.request import Request
+    from speclab.engine.sampling import SamplingParams
+
+    shapes = []
+    dec_drafter = make_drafter(tiny["draft_close"], target_lm)
+    sched = Scheduler(target_lm, dec_drafter, None, max_running=3, max_len=64)
+    real = sched.cache.forward
+
+    def spy(tokens, start, **kw):
+        if kw.get("last_only") is None:  # verify forwards (prefill asks for the last position only)
+            shapes.append(tuple(tokens.shape))
+        return real(tokens, start, **kw)
+
+    sched.cache.forward = spy
+    budgets = [3, 20, 6]
+    reqs = [Request(target_lm.encode(p), n, SamplingParams(), seed=0, ignore_eos=True)
+            for p, n in zip(["hello world", "the cat sat", "abc abc"], budgets)]
+    for r in reqs:
+        sched.submit(r)
+    rows_per_round = []
+    while not sched.idle:
+        before = len(shapes)
+        sched.step()
+        if len(shapes) > before:
+            rows_per_round.append(shapes[-1][0])
+    assert [len(r.generated) for r in reqs] == budgets
+    assert rows_per_round[0] == 3 and rows_per_round[-1] == 1  # the short rows left
+    assert rows_per_round == sorted(rows_per_round, reverse=True)
+    # every verified row-round belongs to a running request: sum of rounds over requests
+    assert sum(rows_per_round) == sum(r.rounds for r in reqs)
+    assert all(r.status == "finished" for r in reqs)
