@@ -1,5 +1,5 @@
 """Greedy equivalence with Hugging Face generate, both drafters, ragged batches, the extremes,
-EOS/length inside an accepted run, and the distribution of speculative samples."""
+EOS/length inside an accepted run. (The distribution of speculative samples: test_sampling_engine.py.)"""
 
 from __future__ import annotations
 
@@ -198,64 +198,6 @@ def test_stream_can_be_cancelled(tiny, target_lm):
             break
     assert not dec.hooks.active  # the stream unsubscribed
     assert dec.generate(["hello"], k=2, max_new_tokens=4).output_tokens[0]
-
-
-# ----------------------------------------------------------------------------- distribution
-def _exact_second_token_dist(lm, prompt, temperature):
-    """P(t2) = sum_t1 P(t1) P(t2 | t1) under the target, enumerated over the small vocabulary."""
-    m, ids = lm.hf_model, lm.encode(prompt)
-    with torch.no_grad():
-        p1 = (m(torch.tensor([ids])).logits[0, -1].double() / temperature).softmax(-1)  # (V,)
-        V = p1.shape[0]
-        ext = torch.tensor([ids + [t] for t in range(V)])  # (V, L+1)
-        p2 = (m(ext).logits[:, -1].double() / temperature).softmax(-1)  # (V, V)
-    return (p1[:, None] * p2).sum(0)  # (V,)
-
-
-def _empirical_second_token(lm, drafter, n, temperature, seed):
-    dec = SpeculativeDecoder(lm, drafter)
-    res = dec.generate(["hello wor"] * n, k=2, max_new_tokens=3, temperature=temperature, seed=seed,
-                       record=False, stop_on_eos=False)
-    t2 = torch.tensor([o[1] for o in res.output_tokens])
-    return torch.bincount(t2, minlength=lm.vocab_size).double() / n
-
-
-def _chi_square(emp, exact, n):
-    """Pearson's statistic over tokens with expected count >= 5 (the rest pooled), and its dof."""
-    exp, obs = exact * n, emp * n
-    big = exp >= 5
-    e = torch.cat([exp[big], exp[~big].sum()[None]])
-    o = torch.cat([obs[big], obs[~big].sum()[None]])
-    keep = e > 0
-    stat = (((o - e) ** 2) / e)[keep].sum().item()
-    return stat, int(keep.sum().item()) - 1
-
-
-def _chi2_quantile(dof, z):
-    """Wilson-Hilferty approximation of the chi-square quantile at standard-normal z."""
-    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
-
-
-@pytest.mark.slow
-def test_speculative_samples_follow_target_distribution(tiny, target_lm, monkeypatch):
-    """Thousands of rows, fixed seeds: the second generated token (the first one decided by the
-    rejection rule) has the target's exact marginal; a deliberately wrong rule fails the same test."""
-    from test_acceptance import _wrong_rule
-
-    import speclab.engine.scheduler as scheduler
-
-    temperature, n = 1.0, 8000
-    exact = _exact_second_token_dist(target_lm, "hello wor", temperature)
-    drafter = make_drafter(tiny["draft_far"], target_lm)
-    emp = _empirical_second_token(target_lm, drafter, n, temperature, seed=0)
-    stat, dof = _chi_square(emp, exact, n)
-    tv = 0.5 * (emp - exact).abs().sum().item()
-    assert stat < _chi2_quantile(dof, 3.09), (stat, dof, tv)  # p > 0.001
-    assert tv < 0.04, tv
-    monkeypatch.setattr(scheduler, "rejection_impl", lambda device: _wrong_rule)
-    emp_bad = _empirical_second_token(target_lm, drafter, n, temperature, seed=0)
-    stat_bad, dof = _chi_square(emp_bad, exact, n)
-    assert stat_bad > _chi2_quantile(dof, 5.0), (stat_bad, dof)  # p < 3e-7
 
 
 def test_model_drafter_rolls_back_by_length(tiny, target_lm):
