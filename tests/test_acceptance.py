@@ -331,11 +331,18 @@ def chain_exactness(rule, case: str, n: int = N_CHAIN, seed: int = 0):
         return r
 
     toks = first_tokens(chain_round(target, draft, params, K, counting, det), M, n, seed, room=K + 1)
-    code = (toks * (V_SMALL ** torch.arange(M - 1, -1, -1))).sum(-1)
-    counts = torch.bincount(code, minlength=V_SMALL ** M)
-    exact = exact_joint(target, params, M)
+    p, tv = joint_test(toks, target, params, M)
+    return p, tv, torch.cat(rounds).float().mean().item()
+
+
+def joint_test(toks, target, params, m):
+    """Chi-square p-value and total variation of the sampled first-m-token sequences (rows of ``toks``)
+    against the target's exact joint."""
+    code = (toks * (V_SMALL ** torch.arange(m - 1, -1, -1))).sum(-1)  # each sequence as one integer
+    counts = torch.bincount(code, minlength=V_SMALL ** m)
+    exact = exact_joint(target, params, m)
     _, _, p = chi_square(counts, exact)
-    return p, total_variation(counts, exact), torch.cat(rounds).float().mean().item()
+    return p, total_variation(counts, exact)
 
 
 @pytest.mark.parametrize("case", list(CHAIN_CASES))
@@ -656,11 +663,8 @@ def tree_exactness(rule, case: str, n: int = N_TREE, seed: int = 1, without_repl
 
     round_fn = tree_round(target, draft, params, shape, counting, det, prune, without_replacement)
     toks = first_tokens(round_fn, M_TREE, n, seed, room=3)
-    code = (toks * (V_SMALL ** torch.arange(M_TREE - 1, -1, -1))).sum(-1)
-    counts = torch.bincount(code, minlength=V_SMALL ** M_TREE)
-    exact = exact_joint(target, params, M_TREE)
-    _, _, p = chi_square(counts, exact)
-    return p, total_variation(counts, exact), torch.cat(accepted).float().mean().item()
+    p, tv = joint_test(toks, target, params, M_TREE)
+    return p, tv, torch.cat(accepted).float().mean().item()
 
 
 @pytest.mark.parametrize("case", list(TREE_CASES))
