@@ -1,0 +1,254 @@
+"""The FastAPI app: OpenAI-compatible routes over the engine thread.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming as server-sent events, ``data:
+{...}`` per chunk and a final ``data: [DONE]``, or one JSON body), ``GET /v1/models``, ``GET /health``,
+``GET /metrics`` (Prometheus), ``GET /version``. With an API key every ``/v1`` route wants
+``Authorization: Bearer KEY`` (401 otherwise); ``/health`` and ``/metrics`` stay open, as in vLLM.
+
+A streamed chunk carries the tokens one verification round committed for the request (its first chunk:
+the token its prefill produced), or one token with ``stream_split_tokens``; text is released as it
+becomes final (:mod:`.detok`), so a chunk's text may be empty and is then not sent (in split mode every
+token gets its chunk). Status codes: 400 bad request (OpenAI error body naming the parameter), 401,
+429 queue full, 500 engine failure (only the requests in the failed step), 503 while shutting down. A
+client that disconnects, mid-stream or while waiting for a whole response, has its request cancelled;
+its slot is free before the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from .. import __version__
+from ..engine.request import Request as EngineRequest
+from ..engine.scheduler import QueueFull, Scheduler
+from ..errors import SpeclabError
+from .detok import IncrementalText, fast_decoder
+from .prom import ServerMetrics
+from .protocol import (
+    DONE,
+    FINISH,
+    APIError,
+    Formatter,
+    ModelInfo,
+    bad,
+    new_id,
+    parse_body,
+    parse_chat,
+    parse_completion,
+    stop_reason,
+)
+from .runner import ERROR, TOKENS, Engine
+
+
+class SSEResponse(StreamingResponse):
+    """A stream whose generator is always closed, so its ``finally`` (cancel the request) runs at once
+    whether the stream ended, failed or the client went away."""
+
+    def __init__(self, content, on_close):
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()  # also when the client left before the stream started
+            await self.body_iterator.aclose()
+
+
+class Server:
+    """Everything one app serves: the model, the engine thread, the metrics, the switches."""
+
+    def __init__(self, target, drafter, policy, *, served_name: str, max_num_seqs: int = 64,
+                 max_waiting: int = 256, max_model_len: int | None = None, api_key: str | None = None,
+                 stream_split_tokens: bool = False, method: str = "none", draft_name: str = "none"):
+        self.lm = target
+        self.decode = fast_decoder(target)  # == target.decode, cheaper per call
+        context = min(max_model_len or target.max_context, target.max_context)
+        self.info = ModelInfo(served_name, target, context)
+        self.api_key = api_key
+        self.split = stream_split_tokens
+        self.draining = False
+        self.created = int(time.time())
+        speculative = drafter is not None and policy.k_max > 0
+        self.metrics = ServerMetrics(served_name, speculative=speculative, k_max=policy.k_max if speculative else 0,
+                                     policy=policy.name, method=method if speculative else "none",
+                                     draft=draft_name if speculative else "none", max_model_len=context)
+        costs = None
+
+        def make_scheduler(hooks):
+            nonlocal costs  # a rebuilt scheduler keeps the step costs measured so far
+            s = Scheduler(target, drafter if speculative else None, policy, hooks, max_running=max_num_seqs,
+                          max_waiting=max_waiting, max_len=context, capacity=min(max_num_seqs, 8), costs=costs,
+                          record_costs=policy.name not in ("fixed", "off"))
+            costs = s.costs
+            return s
+
+        self.engine = Engine(make_scheduler, self.metrics)
+        self.metrics.bind(self.engine.counts)
+
+    # ------------------------------------------------------------------ requests
+    def check(self, request: Request) -> None:
+        if self.draining:
+            raise APIError(503, "the server is shutting down", "service_unavailable", code=503)
+        if self.api_key is not None:
+            auth = request.headers.get("authorization", "")
+            if not hmac.compare_digest(auth.encode(), f"Bearer {self.api_key}".encode()):
+                raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                               "authentication_error", code="invalid_api_key")
+
+    def submit(self, g, rid: str):
+        req = EngineRequest(g.prompt_ids, g.max_tokens, g.params, g.seed, g.stop, g.ignore_eos, request_id=rid)
+        try:
+            return self.engine.submit(req, g.stream)
+        except QueueFull as e:
+            self.metrics.rejected()
+            raise APIError(429, str(e), "rate_limit_exceeded", code=429) from None
+        except SpeclabError as e:
+            raise bad(str(e)) from None
+
+    async def generate(self, request: Request, kind: str):
+        self.check(request)
+        body = parse_body(await request.body())
+        g = (parse_chat if kind == "chat" else parse_completion)(body, self.info)
+        rid = new_id(kind)
+        h = self.submit(g, rid)
+        fmt = Formatter(kind, rid, self.info.served_name, g.return_token_ids, g.prompt_ids)
+        if g.stream:
+            return SSEResponse(self.stream(h, g, fmt), lambda: self.engine.cancel(h))
+        item = await self.wait(request, h)
+        if item is None:  # the client left; nobody reads this
+            return Response(status_code=499)
+        what, payload, req = item
+        if what == ERROR:
+            raise APIError(500, payload, "server_error", code=500)
+        full = self.lm.decode(req.generated)
+        text = full[:req.stop_at] if req.stop_at is not None else full
+        return JSONResponse(fmt.response(req, text, stop_reason(req, full)))
+
+    async def wait(self, request: Request, h):
+        """The FINAL/ERROR item, or None when the client disconnects first (the request is cancelled)."""
+        result = asyncio.ensure_future(h.get())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if result.done():
+            return result.result()
+        result.cancel()
+        self.engine.cancel(h)
+        return None
+
+    async def stream(self, h, g, fmt: Formatter):
+        detok = IncrementalText(self.decode, g.stop)
+        split = self.split
+        try:
+            if fmt.kind == "chat":
+                yield fmt.role_chunk()
+            while True:
+                what, payload, req = await h.get()
+                if what == TOKENS:
+                    if split:
+                        yield "".join(fmt.chunk(detok.push((t,)), [t]) for t in payload)
+                    else:
+                        text = detok.push(payload)
+                        if text or g.return_token_ids:
+                            yield fmt.chunk(text, payload)
+                    continue
+                if what == ERROR:
+                    yield fmt.error_event(APIError(500, payload, "server_error", code=500)) + DONE
+                    return
+                out = []
+                last = payload
+                if split and len(payload) > 1:
+                    out += [fmt.chunk(detok.push((t,)), [t]) for t in payload[:-1]]
+                    last = payload[-1:]
+                text = detok.push(last) if last else ""
+                text += detok.finish(req.generated, req.stop_at)
+                sr = stop_reason(req, self.lm.decode(req.generated)) if req.finish_reason == "stop" else None
+                out.append(fmt.chunk(text, list(last), FINISH.get(req.finish_reason, "abort"), sr))
+                if g.include_usage:
+                    out.append(fmt.usage_chunk(req))
+                out.append(DONE)
+                yield "".join(out)
+                return
+        finally:
+            self.engine.cancel(h)  # no-op once the request is done
+
+    # ------------------------------------------------------------------ other routes
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.info.served_name, "object": "model", "created": self.created,
+                                            "owned_by": "speclab", "root": self.lm.path, "parent": None,
+                                            "max_model_len": self.info.context}]}
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+def create_app(server: Server) -> FastAPI:
+    """The ASGI app for ``server``; the engine thread runs while the app's lifespan does."""
+
+    @asynccontextmanager
+    async def lifespan(app):
+        server.engine.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(server.engine.stop)
+
+    app = FastAPI(title="speclab serve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def api_error(request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request, exc: Exception):
+        return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body(),
+                            status_code=500)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await server.generate(request, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await server.generate(request, "chat")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        server.check(request)
+        return server.models()
+
+    @app.get("/health")
+    async def health():
+        ok = server.engine.alive and not server.draining
+        return Response(status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.get("/")
+    async def root():
+        return PlainTextResponse(f"speclab serve {__version__}: OpenAI-compatible API under /v1\n")
+
+    return app

@@ -1,0 +1,141 @@
+"""``speclab serve``: the command line of the OpenAI-compatible server (registered by ``add_commands``).
+
+Startup order: cheap checks and the listening socket first (a bad flag or a busy port fails in a second,
+as one line, exit 2), then the models, a short warm-up (the first forwards of a process are slow), then
+uvicorn. SIGTERM drains: new requests get 503 and new connections are refused, the requests in flight
+complete, then the process exits 0. A second SIGTERM or Ctrl-C stops at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+
+from ..errors import SpeclabError
+
+SPEC_HELP = ("speculation, as vLLM's JSON: {\"method\": \"draft_model\"|\"ngram\"|\"synthetic\", \"model\": NAME, "
+             "\"num_speculative_tokens\": K, \"prompt_lookup_max\": N, \"prompt_lookup_min\": N}, or 'none' for plain "
+             "decoding. Default: for a model of the embedded family, its default draft (draft-xs-distill) with "
+             "num_speculative_tokens 4; for any other model, none")
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="an OpenAI-compatible server with continuous batching and speculation metrics",
+        description="Serve /v1/completions and /v1/chat/completions (streaming or not), /v1/models, /health and "
+                    "/metrics (Prometheus, vLLM's metric names) over the continuous-batching scheduler. Chat uses the "
+                    "model's chat template; the family has none and uses a plain one ('role: content' lines, then "
+                    "'assistant:'). Completions default to max_tokens 16, chat to the rest of the context.")
+    p.add_argument("--model", default=None, help="family name, local HF directory or hub id (default: the family's "
+                   "target)")
+    p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: --model)")
+    p.add_argument("--speculative-config", default=None, metavar="JSON", help=SPEC_HELP)
+    p.add_argument("--spec-policy", default="fixed", help="draft-length policy (speclab.engine.policies; default "
+                   "fixed: k = num_speculative_tokens every round; adaptive ones use it as their largest k)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once (rows; default 64)")
+    p.add_argument("--max-waiting-requests", type=int, default=256, help="requests queued beyond those; more get "
+                   "HTTP 429 (default 256)")
+    p.add_argument("--max-model-len", type=int, default=None, help="tokens per request, prompt + completion "
+                   "(default: the model's context)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    p.add_argument("--stream-split-tokens", action="store_true", help="stream one token per SSE chunk (default: one "
+                   "verification round per chunk, as real servers do)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for tiny models)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug",
+                                                                   "trace"])
+    p.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request")
+    p.set_defaults(func=cmd_serve)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now so a busy port is one line before any model loads."""
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(fam, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise SpeclabError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def cmd_serve(args) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise SpeclabError(f"speclab serve needs fastapi, uvicorn and prometheus_client ({e}); "
+                           "pip install fastapi uvicorn prometheus_client") from None
+
+    from ..limits import MAX_BATCH, check_int
+    from .config import build_drafter, family_default, parse_speculative_config
+
+    # cheap checks first: a bad flag is one line in a second, before torch or any model loads
+    max_seqs = check_int("--max-num-seqs", args.max_num_seqs, 1, MAX_BATCH)
+    max_wait = check_int("--max-waiting-requests", args.max_waiting_requests, 0, 1 << 20)
+    check_int("--port", args.port, 0, 65535)
+    spec = parse_speculative_config(args.speculative_config) if args.speculative_config is not None else None
+
+    from ..defaults import default_target, setup_threads
+    from ..engine import Off, SpeculativeDecoder, make_policy
+    from ..models import load_model
+    from .app import Server, create_app
+
+    make_policy(args.spec_policy, 4)  # an unknown policy fails before the models load
+    sock = listen(args.host, args.port)
+    try:
+        model = args.model or default_target()
+        target = load_model(model, device=args.device, role="target")
+        setup_threads(args.threads, target)
+        if spec is None:
+            spec = family_default(target)
+        if args.max_model_len is not None:
+            check_int("--max-model-len", args.max_model_len, 1, target.max_context)
+        drafter = build_drafter(spec, target)
+        policy = make_policy(args.spec_policy, spec.k) if drafter is not None else Off()
+        warm = ["Hello, world"]
+        SpeculativeDecoder(target, None).generate(warm, k=0, max_new_tokens=4, record=False)
+        if drafter is not None and policy.k_max > 0:
+            SpeculativeDecoder(target, drafter).generate(warm, k=spec.k, max_new_tokens=8, record=False,
+                                                         policy=make_policy(args.spec_policy, spec.k))
+        served = args.served_model_name or model
+        server = Server(target, drafter, policy, served_name=served, max_num_seqs=max_seqs, max_waiting=max_wait,
+                        max_model_len=args.max_model_len, api_key=args.api_key,
+                        stream_split_tokens=args.stream_split_tokens, method=spec.method or "none",
+                        draft_name=spec.model or spec.method or "none")
+        app = create_app(server)
+    except BaseException:
+        sock.close()
+        raise
+    host, port = sock.getsockname()[:2]
+    print(f"speclab serve: model {target.name} served as '{served}' · speculation: {spec.describe()} · policy "
+          f"{policy.name} · up to {max_seqs} running, {max_wait} waiting · context {server.info.context} · "
+          f"http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
+                            lifespan="on", timeout_graceful_shutdown=None)
+    draining_server(config, server).run(sockets=[sock])
+    return 0
+
+
+def draining_server(config, server):
+    """uvicorn's server, except that the first SIGTERM drains and exits 0 (uvicorn re-raises the signal after
+    its graceful shutdown, which would end the process with status 143)."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            server.draining = True  # new requests: 503
+            if sig == signal.SIGTERM and not self.should_exit:
+                self.should_exit = True
+                return
+            if self.should_exit:  # a second signal: stop now
+                self.force_exit = True
+            super().handle_exit(sig, frame)
+
+    return DrainingServer(config)

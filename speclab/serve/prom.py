@@ -1,0 +1,220 @@
+"""``/metrics``: Prometheus metrics fed from the scheduler's events, under vLLM's names.
+
+Names, types, label names (``model_name``, ``engine="0"``) and histogram buckets are those vLLM 0.32
+exports (checked against its CPU server), so the same dashboards and probes read both servers:
+
+* counters (exported with ``_total``): ``vllm:prompt_tokens``, ``vllm:generation_tokens`` (emitted tokens,
+  never draft tokens), ``vllm:request_success`` (label ``finished_reason``: stop, length, abort, error,
+  repetition), ``vllm:num_preemptions`` (always 0: rows are never preempted), ``vllm:admission_rejections``
+  (label ``reason``; ``max_num_queued_reqs`` when the queue is full: HTTP 429); with speculation only, as
+  vLLM: ``vllm:spec_decode_num_drafts`` (row-rounds that drafted at least one token),
+  ``vllm:spec_decode_num_draft_tokens``, ``vllm:spec_decode_num_accepted_tokens`` and
+  ``vllm:spec_decode_num_accepted_tokens_per_pos`` (label ``position`` 0..k-1);
+* gauges: ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` (read from the scheduler when scraped);
+* histograms: ``vllm:time_to_first_token_seconds`` (arrival to first token), ``vllm:inter_token_latency_seconds``
+  (one observation per round and request, as vLLM's per-step ITL: under speculation a round brings several
+  tokens), ``vllm:request_time_per_output_token_seconds`` ((finish - first token) / (tokens - 1)),
+  ``vllm:e2e_request_latency_seconds``, ``vllm:request_queue_time_seconds``, ``vllm:request_prefill_time_seconds``,
+  ``vllm:request_decode_time_seconds``, ``vllm:request_inference_time_seconds``, ``vllm:request_prompt_tokens``,
+  ``vllm:request_generation_tokens``, ``vllm:request_params_max_tokens``, ``vllm:request_params_n``,
+  ``vllm:request_max_num_generation_tokens``.
+
+What vLLM lacks, under ``speclab:``:
+
+* ``speclab:draft_length`` (gauge): the draft length in force, the mean k the policy chose over the rows of
+  the last round (rows whose k was cut by their token budget left out);
+* ``speclab:spec_decode_num_draft_tokens_per_pos`` (counter, label ``position``): drafts verified at each
+  position; with adaptive k or short n-gram proposals it differs from the number of drafts, and
+  per-position acceptance rates need it;
+* ``speclab:verify_rounds`` (counter), ``speclab:engine_errors`` (counter: failed engine steps) and
+  ``speclab:spec_policy_info`` (policy, method, draft model, num_speculative_tokens).
+
+Every server has its own :class:`CollectorRegistry` (no process-wide state), so several apps can live in
+one process.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+# vLLM 0.32's buckets
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0]
+REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                   480.0, 960.0, 1920.0, 7680.0]
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+def token_buckets(max_len: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_len`` (vLLM's ``build_1_2_5_buckets``)."""
+    out, exp = [], 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10 ** exp
+            if v > max_len:
+                return [float(x) for x in out]
+            out.append(v)
+        exp += 1
+
+
+class ServerMetrics:
+    """The server's metrics; an observer of :class:`speclab.serve.runner.Engine`."""
+
+    def __init__(self, model_name: str, *, speculative: bool, k_max: int, policy: str, method: str, draft: str,
+                 max_model_len: int):
+        self.registry = reg = CollectorRegistry()
+        L = ("model_name", "engine")
+        lv = (model_name, "0")
+        self.speculative = speculative
+
+        def counter(name, doc, extra=(), **kw):
+            return Counter(name, doc, L + extra, registry=reg, **kw)
+
+        def hist(name, doc, buckets):
+            return Histogram(name, doc, L, registry=reg, buckets=buckets).labels(*lv)
+
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.").labels(*lv)
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.").labels(*lv)
+        success = counter("vllm:request_success", "Count of successfully processed requests.", ("finished_reason",))
+        self.success = {r: success.labels(*lv, r) for r in FINISHED_REASONS}
+        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.").labels(*lv)
+        rej = Counter("vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by reason.",
+                      ("model_name", "reason"), registry=reg)
+        self.rejections = rej.labels(model_name, "max_num_queued_reqs")
+        rej.labels(model_name, "max_num_queued_tokens")
+        self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", L,
+                             registry=reg).labels(*lv)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", L,
+                             registry=reg).labels(*lv)
+        tok = token_buckets(max_model_len)
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                         TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.tpot = hist("vllm:request_time_per_output_token_seconds",
+                         "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                        REQUEST_BUCKETS)
+        self.queue_time = hist("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.", REQUEST_BUCKETS)
+        self.inference_time = hist("vllm:request_inference_time_seconds",
+                                   "Histogram of time spent in RUNNING phase for request.", REQUEST_BUCKETS)
+        self.prefill_time = hist("vllm:request_prefill_time_seconds",
+                                 "Histogram of time spent in PREFILL phase for request.", REQUEST_BUCKETS)
+        self.decode_time = hist("vllm:request_decode_time_seconds",
+                                "Histogram of time spent in DECODE phase for request.", REQUEST_BUCKETS)
+        self.req_prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tok)
+        self.req_generation = hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tok)
+        self.params_max_tokens = hist("vllm:request_params_max_tokens",
+                                      "Histogram of the max_tokens request parameter.", tok)
+        self.params_n = hist("vllm:request_params_n", "Histogram of the n request parameter.", [1, 2, 5, 10, 20])
+        self.max_gen = hist("vllm:request_max_num_generation_tokens",
+                            "Histogram of maximum number of requested generation tokens.", tok)
+        if speculative:
+            self.drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.").labels(*lv)
+            self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.").labels(*lv)
+            self.accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.").labels(*lv)
+            acc_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                              ("position",))
+            drf_pos = counter("speclab:spec_decode_num_draft_tokens_per_pos",
+                              "Draft tokens verified per draft position.", ("position",))
+            self.accepted_pos = [acc_pos.labels(*lv, str(i)) for i in range(k_max)]
+            self.drafted_pos = [drf_pos.labels(*lv, str(i)) for i in range(k_max)]
+            self._pos_metrics = (acc_pos, drf_pos, lv)
+            self.draft_length = Gauge("speclab:draft_length", "Mean draft length k chosen over the rows of the last "
+                                      "verification round.", L, registry=reg).labels(*lv)
+        self.rounds = counter("speclab:verify_rounds", "Verification rounds run (one target forward each).").labels(*lv)
+        self.engine_errors = counter("speclab:engine_errors", "Engine steps that raised (their requests failed).")
+        self.engine_errors = self.engine_errors.labels(*lv)
+        Info("speclab:spec_policy", "Speculation in force: method, draft model, policy, num_speculative_tokens.",
+             registry=reg).info({"model_name": model_name, "method": method, "draft_model": draft, "policy": policy,
+                                 "num_speculative_tokens": str(k_max)})
+        self._prefill_s: dict[str, float] = {}
+
+    def bind(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """Read running/waiting from ``counts()`` whenever /metrics is scraped."""
+        self.running.set_function(lambda: counts()[0])
+        self.waiting.set_function(lambda: counts()[1])
+
+    # ------------------------------------------------------------------ observer (engine thread)
+    def on_event(self, ev, reqs, news, gaps) -> None:
+        """A RoundEvent with the requests of its rows, their new token counts and the time since their
+        previous tokens (None: first tokens)."""
+        gen = sum(news)
+        if gen:
+            self.generation_tokens.inc(gen)
+        if ev.phase == "prefill":
+            prefill_s = ev.timings.get("prefill", 0.0)
+            started = ev.time - prefill_s
+            for req in reqs:
+                if req is None:
+                    continue
+                n = len(req.prompt_ids)
+                self.prompt_tokens.inc(n)
+                self.req_prompt.observe(n)
+                self.params_max_tokens.observe(req.max_new_tokens)
+                self.max_gen.observe(req.max_new_tokens)
+                self.params_n.observe(1)
+                self.ttft.observe(max(0.0, ev.time - req.arrival))
+                self.queue_time.observe(max(0.0, started - req.arrival))
+                self.prefill_time.observe(prefill_s)
+                self._prefill_s[req.request_id] = prefill_s
+            return
+        self.rounds.inc()
+        for g in gaps:
+            if g is not None:
+                self.itl.observe(g)
+        if not self.speculative:
+            return
+        drafts = drafted = accepted = 0
+        ks = n_k = 0
+        for rr in ev.rows:
+            if not rr.k_reason.startswith("budget"):  # a row near its end drafts less: not the policy's choice
+                ks += rr.k
+                n_k += 1
+            nd, na = rr.num_drafted, rr.num_accepted
+            if nd > len(self.drafted_pos):  # never with k <= k_max; kept safe for drafters that overshoot
+                self._grow_positions(nd)
+            if nd:
+                drafts += 1
+                drafted += nd
+                accepted += na
+                for i in range(nd):
+                    self.drafted_pos[i].inc()
+                for i in range(na):
+                    self.accepted_pos[i].inc()
+        if drafts:
+            self.drafts.inc(drafts)
+            self.draft_tokens.inc(drafted)
+            self.accepted.inc(accepted)
+        if n_k:
+            self.draft_length.set(ks / n_k)
+
+    def _grow_positions(self, n: int) -> None:
+        acc_pos, drf_pos, lv = self._pos_metrics
+        for i in range(len(self.drafted_pos), n):
+            self.accepted_pos.append(acc_pos.labels(*lv, str(i)))
+            self.drafted_pos.append(drf_pos.labels(*lv, str(i)))
+
+    def finished(self, req, status: str) -> None:
+        self.success[status].inc()
+        prefill_s = self._prefill_s.pop(req.request_id, 0.0)
+        if status in ("abort", "error") or req.first_token_time is None or req.finish_time is None:
+            return
+        n = len(req.generated)
+        decode = req.finish_time - req.first_token_time
+        self.e2e.observe(req.finish_time - req.arrival)
+        self.decode_time.observe(decode)
+        self.inference_time.observe(decode + prefill_s)
+        self.req_generation.observe(n)
+        if n > 1:
+            self.tpot.observe(decode / (n - 1))
+
+    def rejected(self) -> None:
+        self.rejections.inc()
+
+    def engine_error(self) -> None:
+        self.engine_errors.inc()

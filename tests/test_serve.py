@@ -1,0 +1,672 @@
+"""``speclab serve`` against real servers: ``python -m speclab serve`` started on free local ports and driven
+with ``httpx`` over HTTP (streaming and not), outputs checked token for token against solo
+``SpeculativeDecoder.generate`` runs computed here with the same models. Plus the pure pieces
+(incremental detokenisation, ``--speculative-config`` parsing) and an engine fault injected into a
+server running in this process.
+
+Servers (launched together, once per module, while this process loads its reference models; the
+embedded family, ``--threads 1``):
+* ``main``: the defaults (draft-xs-distill, k = 4) with an API key;
+* ``small``: ``--max-num-seqs 2 --max-waiting-requests 2``, n-gram drafting (k = 3), one token per chunk;
+  SIGTERM'd by the last server test.
+Plain decoding and an injected engine fault run on servers inside this process (uvicorn on a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from speclab.errors import SpeclabError
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "sk-test"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+PROMPTS = ["def fibonacci(n):\n", '{"name": "', "import numpy as np\n", "The quick brown fox", "Once upon a time",
+           "SELECT id, name FROM", "# Notes\n\n", "for i in range(10):"]
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+SERVE_DEPS = ("fastapi", "uvicorn", "prometheus_client")
+pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in SERVE_DEPS),
+                                reason="needs fastapi, uvicorn and prometheus_client")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeProcess:
+    """``python -m speclab serve`` on a free port, its output in a log file."""
+
+    def __init__(self, args: list[str], log_dir: Path, name: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"serve-{name}.log"
+        self.log = open(self.log_path, "w")
+        self._ready = False
+        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "speclab", "serve", "--port", str(self.port), "--threads",
+                                      "1", "--disable-uvicorn-access-log", *args], cwd=ROOT, env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    @property
+    def ready(self) -> "ServeProcess":
+        """This server, once healthy."""
+        if not self._ready:
+            self.wait_healthy()
+            self._ready = True
+        return self
+
+    def wait_healthy(self, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the server exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        pytest.fail(f"the server was not healthy after {timeout:.0f} s:\n{self.output()[-3000:]}")
+
+    def close(self) -> None:
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """Launched now, waited for on first use (``servers[name].ready``)."""
+    logs = tmp_path_factory.mktemp("serve-logs")
+    procs = {
+        "main": ServeProcess(["--api-key", KEY], logs, "main"),
+        "small": ServeProcess(["--max-num-seqs", "2", "--max-waiting-requests", "2", "--speculative-config",
+                               json.dumps(NGRAM), "--stream-split-tokens"], logs, "small"),
+    }
+    try:
+        yield procs
+    finally:
+        for p in procs.values():  # all at once: each takes seconds to exit
+            if p.proc.poll() is None:
+                p.proc.terminate()
+        for p in procs.values():
+            p.close()
+
+
+@pytest.fixture(scope="module")
+def models():
+    from speclab.drafters import make_drafter
+    from speclab.models import load_model
+
+    target = load_model("target", device="cpu", role="target")
+    return {"target": target, "draft": make_drafter("draft-xs-distill", target),
+            "ngram": make_drafter("ngram", target, max_ngram=3, min_ngram=1)}
+
+
+def reference(models, drafter: str | None, k: int, body: dict, chat: bool = False):
+    """The solo run the server must reproduce: (text, token ids, finish reason)."""
+    from speclab.engine import SpeculativeDecoder
+
+    target = models["target"]
+    prompt = target.apply_chat(body["messages"]) if chat else body["prompt"]
+    res = SpeculativeDecoder(target, models[drafter] if drafter else None).generate(
+        [prompt], k=k, max_new_tokens=body["max_tokens"], temperature=body.get("temperature", 1.0),
+        top_k=body.get("top_k", 0), top_p=body.get("top_p", 1.0), seed=body.get("seed", 0), record=False,
+        stop=tuple([body["stop"]] if isinstance(body.get("stop"), str) else body.get("stop", ())),
+        stop_on_eos=not body.get("ignore_eos", False))
+    return res.texts[0], res.output_tokens[0], FINISH[res.finish_reasons[0]]
+
+
+# ------------------------------------------------------------------------------ HTTP helpers
+async def post(client: httpx.AsyncClient, url: str, body: dict, headers=AUTH) -> dict:
+    """One request, streamed or not, folded into {status, text, token_ids, finish_reason, usage, speculation,
+    chunks (token ids per content chunk)}."""
+    if not body.get("stream"):
+        r = await client.post(url, json=body, headers=headers)
+        d = r.json()
+        if r.status_code != 200:
+            return {"status": r.status_code, "body": d}
+        c = d["choices"][0]
+        text = c["message"]["content"] if "message" in c else c["text"]
+        return {"status": 200, "text": text, "token_ids": c.get("token_ids"), "finish_reason": c["finish_reason"],
+                "usage": d["usage"], "speculation": d["speculation"],
+                "prompt_token_ids": d.get("prompt_token_ids") or c.get("prompt_token_ids")}
+    out = {"status": 200, "text": "", "token_ids": [], "chunks": [], "usage": None, "speculation": None,
+           "finish_reason": None, "events": []}
+    async with client.stream("POST", url, json=body, headers=headers) as r:
+        if r.status_code != 200:
+            return {"status": r.status_code, "body": json.loads(await r.aread())}
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: "):]
+            out["events"].append(data)
+            if data == "[DONE]":
+                continue
+            d = json.loads(data)
+            prompt_ids = d.get("prompt_token_ids") or next((c["prompt_token_ids"] for c in d.get("choices", [])
+                                                             if "prompt_token_ids" in c), None)
+            if prompt_ids is not None:
+                assert "prompt_token_ids" not in out  # once, in the first chunk
+                out["prompt_token_ids"] = prompt_ids
+            if "error" in d:
+                out["error"] = d["error"]
+                continue
+            if d.get("usage"):
+                assert d["choices"] == []
+                out["usage"], out["speculation"] = d["usage"], d["speculation"]
+            for c in d["choices"]:
+                delta = c.get("delta", {})
+                out["text"] += c.get("text", "") or delta.get("content", "") or ""
+                if "token_ids" in c:
+                    out["token_ids"] += c["token_ids"]
+                    out["chunks"].append(c["token_ids"])
+                if c["finish_reason"] is not None:
+                    out["finish_reason"] = c["finish_reason"]
+    assert out["events"][-1] == "[DONE]", out["events"][-3:]
+    return out
+
+
+def families(url: str):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return list(text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text))
+
+
+def scrape(url: str) -> dict:
+    """/metrics as {(sample name, frozenset(labels)): value}."""
+    return {(s.name, frozenset(s.labels.items())): s.value for fam in families(url) for s in fam.samples}
+
+
+def metric(m: dict, name: str, **labels) -> float:
+    """Sum of the samples called ``name`` whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, lab), v in m.items() if n == name and want <= lab)
+
+
+# ------------------------------------------------------------------------------ a) staggered, exact
+def _cases() -> list[tuple[str, dict, bool]]:
+    """16 requests: completions and chat, streamed and not, greedy and sampled (seeded), stop strings."""
+    cases = []
+    for i in range(16):
+        chat = i % 4 == 3
+        body = {"max_tokens": 20 + (i % 3) * 4, "return_token_ids": True, "stream": i % 2 == 0,
+                "stream_options": {"include_usage": True}}
+        if chat:
+            body["messages"] = [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]
+        else:
+            body["prompt"] = PROMPTS[i % len(PROMPTS)]
+        if i % 3 == 1:
+            body.update(temperature=0.8, seed=1000 + i, top_p=0.95 if i % 2 else 1.0, top_k=40 if i % 5 == 1 else 0)
+        else:
+            body["temperature"] = 0.0
+        if i in (0, 8):
+            body["stop"] = [" | ", "zzz"] if i == 0 else "\n"
+        if i == 5:
+            body["ignore_eos"] = True
+        cases.append((f"case{i}", body, chat))
+    return cases
+
+
+@pytest.mark.slow
+def test_staggered_concurrent_requests_equal_solo_generate(servers, models):
+    url = servers["main"].ready.url
+    cases = _cases()
+    refs = [reference(models, "draft", 4, body, chat) for _, body, chat in cases]
+    assert any(r[2] == "stop" and b.get("stop") for r, (_, b, _) in zip(refs, cases)), "no case hits a stop string"
+
+    async def one(client, i, body, chat):
+        await asyncio.sleep(0.03 * i)  # arrivals spread over time: requests join a batch already running
+        return await post(client, url + ("/v1/chat/completions" if chat else "/v1/completions"), body)
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(one(client, i, b, c) for i, (_, b, c) in enumerate(cases)))
+
+    outs = asyncio.run(run())
+    multi_token_chunk = False
+    for (name, body, chat), (text, ids, finish), out in zip(cases, refs, outs):
+        assert out["status"] == 200, (name, out)
+        assert out["token_ids"] == ids, name
+        assert out["text"] == text, name
+        assert out["finish_reason"] == finish, name
+        assert out["usage"]["completion_tokens"] == len(ids), name
+        assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + len(ids), name
+        target = models["target"]
+        prompt_ids = target.encode(target.apply_chat(body["messages"]) if chat else body["prompt"])
+        assert out["prompt_token_ids"] == prompt_ids and out["usage"]["prompt_tokens"] == len(prompt_ids), name
+        assert out["speculation"]["drafted_tokens"] >= out["speculation"]["accepted_tokens"] >= 0
+        if body["stream"]:
+            assert out["chunks"][0] and len(out["chunks"][0]) == 1, name  # the prefill's first token
+            assert all(1 <= len(c) <= 5 for c in out["chunks"][:-1]), name  # one round: up to k + 1 tokens
+            multi_token_chunk |= any(len(c) > 1 for c in out["chunks"])
+    assert multi_token_chunk, "no streamed chunk carried a whole speculative round"
+
+
+# ------------------------------------------------------------------------------ b) disconnects
+def _wait_idle(url: str, aborted_before: float, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = scrape(url)
+        if metric(m, "vllm:num_requests_running") == 0 and \
+                metric(m, "vllm:request_success_total", finished_reason="abort") > aborted_before:
+            return m
+        time.sleep(0.1)
+    pytest.fail(f"still running or not aborted after {timeout} s: {m}")
+
+
+def test_disconnect_cancels_and_frees_the_slot(servers, models):
+    url = servers["main"].ready.url
+    body = {"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True, "temperature": 0, "stream": True}
+
+    async def leave_mid_stream():
+        async with httpx.AsyncClient(timeout=60) as client:
+            async with client.stream("POST", url + "/v1/completions", json=body, headers=AUTH) as r:
+                assert r.status_code == 200
+                n = 0
+                async for line in r.aiter_lines():
+                    n += line.startswith("data: ")
+                    if n == 3:
+                        break  # leaving the block closes the connection mid-stream
+
+    aborted = metric(scrape(url), "vllm:request_success_total", finished_reason="abort")
+    asyncio.run(leave_mid_stream())
+    m = _wait_idle(url, aborted)
+    assert metric(m, "vllm:request_success_total", finished_reason="abort") == aborted + 1
+
+    # a client that gives up on a whole (non-streamed) response is cancelled too
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(url + "/v1/completions", json={**body, "stream": False}, headers=AUTH, timeout=0.5)
+    _wait_idle(url, aborted + 1)
+
+    # and the next request is served, exactly
+    new = {"prompt": PROMPTS[1], "max_tokens": 16, "temperature": 0, "return_token_ids": True}
+    out = asyncio.run(_one(url + "/v1/completions", new))
+    assert out["status"] == 200
+    assert out["token_ids"] == reference(models, "draft", 4, new)[1]
+
+
+async def _one(url, body, headers=AUTH):
+    async with httpx.AsyncClient(timeout=120) as client:
+        return await post(client, url, body, headers)
+
+
+# ------------------------------------------------------------------------------ c) overload
+def test_overload_gets_429_and_admitted_requests_complete(servers, models):
+    url = servers["small"].ready.url
+    bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 32, "temperature": 0, "ignore_eos": True,
+               "return_token_ids": True, "stream": i % 2 == 1} for i in range(16)]
+    before = scrape(url)
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(post(client, url + "/v1/completions", b, {}) for b in bodies))
+
+    outs = asyncio.run(run())
+    refused = [o for o in outs if o["status"] == 429]
+    served = [(b, o) for b, o in zip(bodies, outs) if o["status"] == 200]
+    assert len(refused) + len(served) == len(outs), [o["status"] for o in outs]
+    assert refused and len(served) >= 4, [o["status"] for o in outs]
+    for o in refused:
+        err = o["body"]["error"]
+        assert err["message"] and err["type"] and err["code"] == 429
+    for b, o in served:
+        assert o["token_ids"] == reference(models, "ngram", 3, b)[1]
+        if b["stream"]:  # --stream-split-tokens: one token per chunk
+            assert all(len(c) == 1 for c in o["chunks"])
+        else:
+            assert o["usage"]["completion_tokens"] == 32
+    after = scrape(url)
+    assert metric(after, "vllm:admission_rejections_total") - metric(before, "vllm:admission_rejections_total") \
+        == len(refused)
+    # the queue drains, then it takes requests again
+    out = asyncio.run(_one(url + "/v1/completions", bodies[0], {}))
+    assert out["status"] == 200
+
+
+# ------------------------------------------------------------------------------ d) metrics
+COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
+            "vllm:spec_decode_num_accepted_tokens_per_pos", "vllm:generation_tokens", "vllm:prompt_tokens",
+            "vllm:request_success", "vllm:admission_rejections", "speclab:spec_decode_num_draft_tokens_per_pos",
+            "speclab:verify_rounds")
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "speclab:draft_length")
+HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+              "vllm:e2e_request_latency_seconds", "vllm:request_time_per_output_token_seconds",
+              "vllm:request_queue_time_seconds")
+
+
+def test_metric_names_types_and_counters_equal_the_engine(servers):
+    url = servers["main"].ready.url
+    types = {f.name: f.type for f in families(url)}
+    m0 = scrape(url)
+    for name in COUNTERS:
+        assert types.get(name) == "counter", name
+    for name in GAUGES:
+        assert types.get(name) == "gauge", name
+    for name in HISTOGRAMS:
+        assert types.get(name) == "histogram", name
+    assert types.get("speclab:spec_policy_info") == "gauge"  # an Info, in the text format
+    info = next(dict(lab) for (n, lab) in scrape(url) if n == "speclab:spec_policy_info")
+    assert info["method"] == "draft_model" and info["num_speculative_tokens"] == "4" and info["policy"] == "fixed"
+    labels = {k for (n, lab) in m0 if n == "vllm:generation_tokens_total" for k, _ in lab}
+    assert labels == {"model_name", "engine"}
+    assert ("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+            frozenset({"model_name": "target", "engine": "0", "position": "3"}.items())) in m0
+
+    bodies = [{"prompt": p, "max_tokens": 24, "temperature": t, "seed": 7, "stream": s,
+               "stream_options": {"include_usage": True}}
+              for p, t, s in zip(PROMPTS[:6], (0, 0.9, 0, 0.7, 0, 1.0), (True, False, False, True, True, False))]
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(post(client, url + "/v1/completions", b) for b in bodies))
+
+    outs = asyncio.run(run())
+    m1 = scrape(url)
+
+    def delta(name, **labels):
+        return metric(m1, name, **labels) - metric(m0, name, **labels)
+
+    spec = [o["speculation"] for o in outs]
+    use = [o["usage"] for o in outs]
+    assert delta("vllm:spec_decode_num_drafts_total") == sum(s["num_drafts"] for s in spec)
+    assert delta("vllm:spec_decode_num_draft_tokens_total") == sum(s["drafted_tokens"] for s in spec)
+    assert delta("vllm:spec_decode_num_accepted_tokens_total") == sum(s["accepted_tokens"] for s in spec)
+    for i in range(4):
+        assert delta("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) == \
+            sum(s["accepted_tokens_per_pos"][i] for s in spec if len(s["accepted_tokens_per_pos"]) > i)
+        assert delta("speclab:spec_decode_num_draft_tokens_per_pos_total", position=str(i)) == \
+            sum(s["draft_tokens_per_pos"][i] for s in spec if len(s["draft_tokens_per_pos"]) > i)
+    assert delta("vllm:generation_tokens_total") == sum(u["completion_tokens"] for u in use)
+    assert delta("vllm:prompt_tokens_total") == sum(u["prompt_tokens"] for u in use)
+    assert delta("vllm:time_to_first_token_seconds_count") == len(outs)
+    assert delta("vllm:e2e_request_latency_seconds_count") == len(outs)
+    assert delta("vllm:inter_token_latency_seconds_count") == sum(s["rounds"] for s in spec)  # one per round
+    assert delta("vllm:request_success_total") == len(outs)
+    assert metric(m1, "vllm:num_requests_running") == 0
+    assert 0 < metric(m1, "speclab:draft_length") <= 4
+    for s in spec:  # the per-request ratios derive from the raw counts
+        assert s["acceptance_rate"] == pytest.approx(s["accepted_tokens"] / s["drafted_tokens"])
+        assert s["mean_acceptance_length"] == pytest.approx(s["accepted_tokens"] / s["rounds"] + 1)
+
+
+# ------------------------------------------------------------------------------ e) bad input, auth
+BAD = [
+    ("/v1/completions", b"{not json", None),
+    ("/v1/completions", b"[1, 2]", None),
+    ("/v1/completions", {"max_tokens": 4}, "prompt"),
+    ("/v1/completions", {"prompt": 5}, "prompt"),
+    ("/v1/completions", {"prompt": ""}, "prompt"),
+    ("/v1/completions", {"prompt": [1, 2, 10 ** 9]}, "prompt"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    ("/v1/completions", {"prompt": "word " * 1200}, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 5000}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "ten"}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "temperature": 500}, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 0}, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "top_k": -5}, "top_k"),
+    ("/v1/completions", {"prompt": "hi", "seed": -1}, "seed"),
+    ("/v1/completions", {"prompt": "hi", "stop": 5}, "stop"),
+    ("/v1/completions", {"prompt": "hi", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "hi", "stream": "yes"}, "stream"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 2}, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, "model"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, "max_tokens"),
+]
+
+
+def test_bad_input_is_a_400_and_the_server_keeps_serving(servers, models):
+    url = servers["main"].ready.url
+    with httpx.Client(timeout=30) as c:
+        for path, body, param in BAD:
+            kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+            r = c.post(url + path, headers={**AUTH, "Content-Type": "application/json"}, **kw)
+            assert r.status_code == 400, (body, r.status_code, r.text)
+            err = r.json()["error"]
+            assert err["type"] == "invalid_request_error" and err["message"], body
+            assert err["param"] == param, (body, err)
+            assert "\n" not in err["message"]
+        # authentication: /v1 wants the key, /health and /metrics do not
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            r = c.post(url + "/v1/completions", json={"prompt": "hi"}, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["message"], headers
+            assert c.get(url + "/v1/models", headers=headers).status_code == 401
+        assert c.get(url + "/health").status_code == 200
+        assert c.get(url + "/metrics").status_code == 200
+        models_list = c.get(url + "/v1/models", headers=AUTH).json()
+        assert [m["id"] for m in models_list["data"]] == ["target"]
+    body = {"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "return_token_ids": True, "model": "target"}
+    out = asyncio.run(_one(url + "/v1/completions", body))
+    assert out["status"] == 200 and out["token_ids"] == reference(models, "draft", 4, body)[1]
+
+
+# ------------------------------------------------------------------------------ servers in this process
+class InProcess:
+    """A ``speclab.serve`` app on uvicorn on a thread of this process (for drafters built here)."""
+
+    def __init__(self, server):
+        import uvicorn
+
+        from speclab.serve.app import create_app
+
+        self.server = server
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=self.port,
+                                                log_level="critical"))
+        self.thread = threading.Thread(target=self.uv.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        for _ in range(400):
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        pytest.fail("the in-process server did not come up")
+
+    def __exit__(self, *exc):
+        self.uv.should_exit = True
+        self.thread.join(30)
+        assert not self.server.engine.alive  # the app's shutdown stopped the engine thread
+
+
+def test_plain_decoding_server(models):
+    """No drafter: plain decoding through the same loop, and no spec-decode metrics (as vLLM)."""
+    from speclab.engine import Off
+    from speclab.serve.app import Server
+
+    body = {"prompt": PROMPTS[3], "max_tokens": 20, "temperature": 0.7, "seed": 3, "stream": True,
+            "return_token_ids": True, "stream_options": {"include_usage": True}}
+    with InProcess(Server(models["target"], None, Off(), served_name="plain")) as srv:
+        out = asyncio.run(_one(srv.url + "/v1/completions", body, {}))
+        names = {f.name for f in families(srv.url)}
+    text, ids, finish = reference(models, None, 0, body)
+    assert (out["text"], out["token_ids"], out["finish_reason"]) == (text, ids, finish)
+    assert all(len(c) == 1 for c in out["chunks"])  # plain decoding: one token per round
+    assert out["speculation"]["drafted_tokens"] == 0 and out["speculation"]["acceptance_rate"] is None
+    assert "vllm:generation_tokens" in names and not any(n.startswith("vllm:spec_decode") for n in names)
+
+
+def test_an_engine_fault_fails_only_its_requests(models):
+    """A drafter that raises inside the engine step whenever a row holds the POISON token: that request
+    gets a 500 body; the one running before it and the one queued behind it complete exactly."""
+    from speclab.drafters import PromptLookupDrafter
+    from speclab.engine import make_policy
+    from speclab.serve.app import Server
+
+    POISON = 2047
+
+    class FaultyLookup(PromptLookupDrafter):
+        def propose(self, ctx, ks, params, uniform, want_probs, stop=None):
+            if any(POISON in row for row in ctx.host):
+                raise RuntimeError("injected fault")
+            return super().propose(ctx, ks, params, uniform, want_probs, stop)
+
+    ok = {"prompt": PROMPTS[0], "max_tokens": 40, "temperature": 0, "return_token_ids": True}
+    ok2 = {"prompt": PROMPTS[1], "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+    bad = {"prompt": [200, 300, POISON, 400], "max_tokens": 12, "temperature": 0}
+    server = Server(models["target"], FaultyLookup(3, 1), make_policy(None, 3), served_name="faulty", max_num_seqs=1)
+    with InProcess(server) as srv:
+        url = srv.url + "/v1/completions"
+
+        async def run():
+            async with httpx.AsyncClient(timeout=60) as client:
+                first = asyncio.ensure_future(post(client, url, ok, {}))
+                await asyncio.sleep(0.05)  # it runs; the next two wait (one row at a time)
+                second = asyncio.ensure_future(post(client, url, bad, {}))
+                await asyncio.sleep(0.02)
+                third = asyncio.ensure_future(post(client, url, {**ok2, "stream": True}, {}))
+                return await asyncio.gather(first, second, third)
+
+        a, b, c = asyncio.run(run())
+        m = scrape(srv.url)
+    assert b["status"] == 500 and "injected fault" in b["body"]["error"]["message"]
+    assert a["status"] == 200 and a["token_ids"] == reference(models, "ngram", 3, ok)[1]
+    assert c["status"] == 200 and c["token_ids"] == reference(models, "ngram", 3, ok2)[1]
+    assert metric(m, "speclab:engine_errors_total") == 1
+    assert metric(m, "vllm:request_success_total", finished_reason="error") == 1
+
+
+# ------------------------------------------------------------------------------ f) graceful shutdown
+@pytest.mark.slow
+def test_sigterm_drains_the_stream_in_flight_then_exits_0(servers, models):
+    """Last test of the "small" server: it ends it."""
+    srv = servers["small"].ready
+    url = srv.url + "/v1/completions"
+    body = {"prompt": PROMPTS[2], "max_tokens": 120, "temperature": 0, "ignore_eos": True, "stream": True,
+            "return_token_ids": True, "stream_options": {"include_usage": True}}
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120) as client:
+            async with client.stream("POST", url, json=body) as r:
+                assert r.status_code == 200
+                lines, signalled, refused = [], False, None
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    lines.append(line[6:])
+                    if len(lines) == 3 and not signalled:
+                        srv.proc.send_signal(signal.SIGTERM)
+                        signalled = True
+                        await asyncio.sleep(0.3)
+                        try:  # a new request now is refused: 503 or no connection at all
+                            refused = (await client.post(url, json={"prompt": "hi", "max_tokens": 2})).status_code
+                        except httpx.TransportError:
+                            refused = "connection refused"
+                return lines, refused
+
+    lines, refused = asyncio.run(run())
+    assert lines[-1] == "[DONE]"
+    assert refused in (503, "connection refused")
+    chunks = [json.loads(x) for x in lines[:-1]]
+    ids = [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids", [])]
+    assert all(len(ch["token_ids"]) == 1 for c in chunks for ch in c["choices"])  # --stream-split-tokens
+    assert ids == reference(models, "ngram", 3, body)[1]
+    assert chunks[-1]["usage"]["completion_tokens"] == 120
+    assert srv.proc.wait(60) == 0, srv.output()[-2000:]
+
+
+# ------------------------------------------------------------------------------ pure pieces
+def _byte_decode(ids):
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_incremental_text_holds_back_incomplete_characters():
+    from speclab.serve.detok import IncrementalText
+
+    text = "héllo wörld: 3 € — ok ✓ 😀 done"
+    ids = list(text.encode())
+    for step in (1, 2, 3, 5):
+        d = IncrementalText(_byte_decode)
+        parts = [d.push(ids[i:i + step]) for i in range(0, len(ids), step)]
+        assert all("\ufffd" not in p for p in parts)
+        assert "".join(parts) + d.finish(ids, None) == text
+
+
+@pytest.mark.parametrize("stops", [("wörld",), ("€ —", "zzz"), ("d",), ("ok ✓ 😀 done",), ("nothing here",)])
+def test_incremental_text_never_sends_a_stop_string(stops):
+    from speclab.engine.request import find_stop
+    from speclab.serve.detok import IncrementalText, held_tail
+
+    text = "héllo wörld: 3 € — ok ✓ 😀 done"
+    ids = list(text.encode())
+    stop_at = find_stop(text, stops)
+    final = text if stop_at is None else text[:stop_at]
+    for step in (1, 2, 4):
+        d = IncrementalText(_byte_decode, stops)
+        sent = ""
+        for i in range(0, len(ids), step):
+            sent += d.push(ids[i:i + step])
+            assert final.startswith(sent)  # never past a stop string, never anything that could change
+            assert not any(s in sent for s in stops)
+        assert sent + d.finish(ids, stop_at) == final
+    assert held_tail("abc wö", ("wörld",)) == 2 and held_tail("abc", ("x",)) == 0
+
+
+def test_incremental_text_with_the_family_tokenizer(models):
+    from speclab.serve.detok import IncrementalText
+
+    lm = models["target"]
+    text = "Zoë paid 5 € for a crème brûlée — naïve café ✓\nnext line"
+    ids = lm.encode(text)
+    d = IncrementalText(lm.decode, ("brûlée",))
+    sent = "".join(d.push([t]) for t in ids)
+    assert "\ufffd" not in sent and "brûlée" not in sent
+    assert sent + d.finish(ids, lm.decode(ids).find("brûlée")) == lm.decode(ids)[:lm.decode(ids).find("brûlée")]
+
+
+def test_speculative_config_parsing():
+    from speclab.serve.config import parse_speculative_config
+
+    s = parse_speculative_config('{"method": "draft_model", "model": "draft-s", "num_speculative_tokens": 3}')
+    assert (s.method, s.model, s.k) == ("draft_model", "draft-s", 3)
+    s = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}')
+    assert (s.method, s.k, s.lookup_max, s.lookup_min) == ("ngram", 4, 3, 3)  # vLLM: min defaults to max
+    assert parse_speculative_config('{"model": "ngram"}').method == "ngram"
+    assert not parse_speculative_config("none").enabled
+    assert not parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 0}').enabled
+    for bad in ('{"method": "eagle"}', "{not json", '{"num_speculative_tokens": 99}', "[1]",
+                '{"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}', '{"draft": "x"}'):
+        with pytest.raises(SpeclabError):
+            parse_speculative_config(bad)
+
+
+@pytest.mark.slow
+def test_cli_errors_are_one_line():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for args in (["--speculative-config", '{"method": "eagle"}'],):
+        r = subprocess.run([sys.executable, "-m", "speclab", "serve", "--port", str(free_port()), *args], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.startswith("speclab: error:") and r.stderr.count("\n") == 1, (args, r.stderr)
