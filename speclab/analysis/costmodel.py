@@ -15,6 +15,17 @@ plain decoding is::
 
 Pure functions, no torch: the notebooks and tests use them; :func:`step_costs` (torch, lazy
 import) measures ``c`` and ``v`` on the machine at hand.
+
+The general model (what the advisor predicts with) replaces the two constants by step costs that
+depend on the batch: a round of B rows at draft length k costs ``k draft(B) + target(B, k+1)`` and
+emits ``1 + r_1 + ... + r_k`` tokens per row, where ``r_i`` is the probability that the first i drafts
+are all accepted (measured per position, or ``a^i`` for i.i.d. acceptance)::
+
+    speedup(B, k) = (1 + r_1 + ... + r_k) * target(B, 1) / (k draft(B) + target(B, k+1))
+
+The step costs come from the roofline of named hardware (:class:`speclab.analysis.roofline.RooflineCosts`)
+or from timed forwards (:class:`MeasuredCosts`). With a verify that costs one step whatever k is
+(``target(B, k+1) = target(B, 1)``) and ``draft(B) = c target(B, 1)`` it is Leviathan's formula.
 """
 
 from __future__ import annotations
@@ -23,13 +34,24 @@ import math
 import time
 
 __all__ = [
+    "MeasuredCosts",
+    "alpha_from_mean_length",
+    "alpha_from_rate",
+    "batch_table",
     "best_k",
+    "best_k_for_batch",
     "cost_ratio",
     "expected_speedup",
     "expected_tokens_per_round",
+    "predict",
+    "predicted_crossover",
+    "round_time",
     "speedup_curve",
+    "speedup_vs_batch",
     "step_costs",
+    "survival",
     "time_forward",
+    "tokens_per_round",
     "verify_costs",
 ]
 
@@ -118,9 +140,10 @@ def _stepper(lm, batch: int, context: int, tokens: int, vocab: int | None = None
     return lambda: cache.forward(tok, start, kv_len=context + tokens)
 
 
-def interleaved_times(fns: dict, reps: int, warmup: int = 3, device=None) -> dict:
+def interleaved_times(fns: dict, reps: int, warmup: int = 3, device=None, clock=time.perf_counter) -> dict:
     """Median seconds of each callable, timed round-robin (a, b, c, a, b, c, ...) so that load
-    bursts on a shared machine hit them alike."""
+    bursts on a shared machine hit them alike. ``clock``: wall time by default; ``time.process_time``
+    counts only this process's CPU time (on one thread, what wall time would be on an idle machine)."""
     import statistics
 
     import torch
@@ -131,12 +154,12 @@ def interleaved_times(fns: dict, reps: int, warmup: int = 3, device=None) -> dic
         for name, fn in fns.items():
             if cuda:
                 torch.cuda.synchronize(device)
-            t = time.perf_counter()
+            t = clock()
             fn()
             if cuda:
                 torch.cuda.synchronize(device)
             if i >= warmup:
-                times[name].append(time.perf_counter() - t)
+                times[name].append(clock() - t)
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -174,3 +197,259 @@ def verify_costs(lm, ks, batch: int = 1, context: int = 64, steps: int = 20, rep
     (v(0) = 1), from interleaved timings."""
     sc = step_costs(lm, None, ks, batch=batch, context=context, reps=steps * repeats)
     return {int(k): (sc["verify_s"][int(k)] / sc["target_step_s"] if int(k) else 1.0) for k in ks}
+
+
+# ----------------------------------------------------------------------------------------------
+# acceptance: from a rate, a mean accepted length or per-position measurements to r_1..r_k
+
+
+def _acceptance_list(acceptance) -> list[float] | None:
+    if isinstance(acceptance, (list, tuple)):
+        vals = [float(x) for x in acceptance]
+        for x in vals:
+            if not (0.0 <= x <= 1.0):
+                raise ValueError(f"per-position acceptance values must be in [0, 1], got {x!r}")
+        return vals
+    return None
+
+
+def survival(acceptance, k: int) -> list[float]:
+    """r_i = P(the first i drafts of a round are all accepted), for i = 1..k.
+
+    ``acceptance`` is a per-token rate ``a`` (i.i.d.: r_i = a^i) or a list of per-position acceptance
+    as the engine's ``per_position_acceptance`` and vLLM's per-position counters report it: position
+    i's accepted count over the rounds that drafted it, which already requires every earlier position
+    to be accepted, so the list *is* r_1, r_2, ... (non-increasing up to noise; forced so here).
+    Positions beyond the list continue with the last measured conditional rate r_m / r_(m-1)."""
+    _check(0.0, k)
+    vals = _acceptance_list(acceptance)
+    if vals is None:
+        _check(acceptance)
+        return [float(acceptance) ** i for i in range(1, int(k) + 1)]
+    if not vals:
+        raise ValueError("per-position acceptance is empty")
+    r: list[float] = []
+    for x in vals[: int(k)]:
+        r.append(min(x, r[-1]) if r else x)
+    if len(r) < k:
+        prev = r[-2] if len(r) >= 2 else 1.0
+        cond = r[-1] / prev if prev > 0 else 0.0
+        while len(r) < k:
+            r.append(r[-1] * cond)
+    return r
+
+
+def tokens_per_round(acceptance, k: int) -> float:
+    """Expected tokens a round emits per row: 1 + r_1 + ... + r_k (the recovered/bonus token counts).
+    With a rate ``a`` this is :func:`expected_tokens_per_round`."""
+    return 1.0 + sum(survival(acceptance, k))
+
+
+def _solve(f, target: float) -> float:
+    """The a in [0, 1] with f(a) = target, f increasing (bisection, 60 halvings)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if f(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def alpha_from_mean_length(tau: float, k: int) -> float:
+    """The i.i.d. rate a whose expected tokens per round at k is ``tau`` (a published mean accepted
+    length, bonus token included): solves (1 - a^(k+1)) / (1 - a) = tau."""
+    _check(0.0, k)
+    if not (1.0 <= tau <= k + 1):
+        raise ValueError(f"a mean accepted length at k={k} must be in [1, {k + 1}], got {tau!r}")
+    return _solve(lambda a: expected_tokens_per_round(a, k), tau)
+
+
+def alpha_from_rate(rate: float, k: int) -> float:
+    """The i.i.d. rate a that gives acceptance rate ``rate`` = accepted / drafted at fixed k (what
+    ``speclab bench`` and vLLM report): solves (a + a^2 + ... + a^k) / k = rate. Not ``rate`` itself:
+    a rejection stops the round, so later positions are accepted less often."""
+    _check(rate, k)
+    if k == 0:
+        raise ValueError("an acceptance rate needs k >= 1")
+    return _solve(lambda a: sum(a ** i for i in range(1, k + 1)) / k, rate)
+
+
+# ----------------------------------------------------------------------------------------------
+# step costs measured per shape (on a CPU the roofline misses: see docs/advisor.md)
+
+
+class MeasuredCosts:
+    """Step costs from timed forwards, in the interface the predictions read: ``target_time(rows,
+    tokens)`` and ``draft_time(rows)`` in seconds (the engine's :class:`~speclab.engine.costs.OnlineCosts`
+    answers the same two questions from a live run). Unmeasured shapes are interpolated linearly, along
+    the rows at each measured token count, then along the tokens."""
+
+    def __init__(self, target: dict[tuple[int, int], float], draft: dict[int, float] | None = None,
+                 source: str = "measured"):
+        if not target:
+            raise ValueError("measured costs need at least one target forward")
+        self.target = {(int(r), int(t)): float(s) for (r, t), s in target.items()}
+        self.draft = {int(r): float(s) for r, s in (draft or {}).items()}
+        self.source = source
+
+    def target_time(self, rows: int, tokens: int) -> float:
+        from ..engine.costs import interpolate  # the engine's interpolation rule, so both predict alike
+
+        by_tokens: dict[int, list[int]] = {}
+        for r, t in sorted(self.target):
+            by_tokens.setdefault(t, []).append(r)
+        return interpolate(sorted(by_tokens), lambda t: interpolate(by_tokens[t], lambda r: self.target[(r, t)], rows),
+                           tokens)
+
+    def draft_time(self, rows: int) -> float:
+        from ..engine.costs import interpolate
+
+        return interpolate(sorted(self.draft), self.draft.__getitem__, rows) or 0.0 if self.draft else 0.0
+
+    @property
+    def max_rows(self) -> int:
+        """The largest row count measured: predictions beyond it are extrapolated."""
+        return max(r for r, _ in self.target)
+
+    def to_dict(self) -> dict:
+        return {"target": {f"{r}x{t}": s for (r, t), s in sorted(self.target.items())},
+                "draft": {str(r): s for r, s in sorted(self.draft.items())}, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MeasuredCosts:
+        tgt = {}
+        for key, s in d["target"].items():
+            r, t = key.split("x")
+            tgt[(int(r), int(t))] = s
+        return cls(tgt, {int(r): s for r, s in d.get("draft", {}).items()}, d.get("source", "measured"))
+
+    @classmethod
+    def from_step_costs(cls, sc: dict, rows: int = 1, source: str = "measured") -> MeasuredCosts:
+        """From :func:`step_costs` output (one batch size): target step, verify of k+1, draft step."""
+        tgt = {(rows, 1): sc["target_step_s"]}
+        for k, s in (sc.get("verify_s") or {}).items():
+            tgt[(rows, int(k) + 1)] = s
+        draft = {rows: sc["draft_step_s"]} if sc.get("draft_step_s") is not None else {}
+        return cls(tgt, draft, source)
+
+    @staticmethod
+    def steppers(target, draft=None, rows=(1,), tokens=(1,), context: int = 128) -> dict:
+        """One callable per shape to time: ("t", rows, tokens) target forwards and ("d", rows, 1) draft
+        steps, each through the model's own KV cache after ``context`` positions."""
+        fns = {}
+        for r in rows:
+            for t in tokens:
+                fns[("t", int(r), int(t))] = _stepper(target, int(r), context, int(t))
+            if draft is not None:
+                fns[("d", int(r), 1)] = _stepper(draft, int(r), context, 1, vocab=target.vocab_size)
+        return fns
+
+    @classmethod
+    def from_times(cls, med: dict, source: str = "measured") -> MeasuredCosts:
+        """From {("t"|"d", rows, tokens): seconds} (the keys of :meth:`steppers`)."""
+        return cls({(r, t): s for (kind, r, t), s in med.items() if kind == "t"},
+                   {r: s for (kind, r, _), s in med.items() if kind == "d"}, source=source)
+
+    @classmethod
+    def measure(cls, target, draft=None, rows=(1,), tokens=(1,), context: int = 128, reps: int = 20,
+                clock=time.perf_counter) -> MeasuredCosts:
+        """Time the engine's cached forwards of the target at every (rows, tokens) and one draft step at
+        every rows, all interleaved (a load burst on a shared machine hits them alike)."""
+        med = interleaved_times(cls.steppers(target, draft, rows, tokens, context), reps, device=target.device,
+                                clock=clock)
+        return cls.from_times(med, f"timed forwards (context {context}, median of {reps}, interleaved)")
+
+
+# ----------------------------------------------------------------------------------------------
+# predictions from step costs (roofline or measured) and acceptance
+
+
+def round_time(costs, rows: int, k: int, *, verify_tokens: int | None = None, draft_steps: int | None = None,
+               overhead: float = 0.0) -> float:
+    """Seconds of one round of ``rows`` rows: plain decoding (k = 0) is one target step; speculation is
+    ``draft_steps`` (default k) draft steps and one target forward over ``verify_tokens`` (default k+1;
+    a tree verifies more) positions per row. ``overhead``: host seconds per round outside the forwards."""
+    if k == 0:
+        return costs.target_time(rows, 1) + overhead
+    steps = k if draft_steps is None else draft_steps
+    return steps * costs.draft_time(rows) + costs.target_time(rows, verify_tokens or k + 1) + overhead
+
+
+def predict(costs, acceptance, k: int, rows: int = 1, *, mean_length: float | None = None,
+            verify_tokens: int | None = None, draft_steps: int | None = None, round_overhead: float = 0.0,
+            spec_round_overhead: float | None = None) -> dict:
+    """Predicted decode at ``rows`` concurrent rows and draft length k against plain decoding on the
+    same costs: tokens per round, step and round seconds, TPOT (seconds per token of one row), tokens/s
+    of all rows, and the speedup. ``mean_length`` overrides the tokens per round (a published mean
+    accepted length measured at this k); ``spec_round_overhead`` defaults to ``round_overhead``."""
+    tpr = float(mean_length) if mean_length is not None else tokens_per_round(acceptance, k)
+    plain = round_time(costs, rows, 0, overhead=round_overhead)
+    if k == 0:
+        spec, tpr = plain, 1.0
+    else:
+        spec = round_time(costs, rows, k, verify_tokens=verify_tokens, draft_steps=draft_steps,
+                          overhead=round_overhead if spec_round_overhead is None else spec_round_overhead)
+    return {"k": int(k), "rows": int(rows), "tokens_per_round": tpr, "plain_step_s": plain, "round_s": spec,
+            "plain_tpot_s": plain, "tpot_s": spec / tpr, "plain_tokens_per_s": rows / plain,
+            "tokens_per_s": rows * tpr / spec, "speedup": tpr * plain / spec}
+
+
+def best_k_for_batch(costs, acceptance, rows: int, k_max: int, tol: float = 0.0, **kw) -> tuple[int, float]:
+    """The k in 0..k_max with the highest predicted speedup at ``rows`` rows (0: do not speculate) and
+    that speedup; ties go to the smaller k, and so does any k within ``tol`` (relative) of the best."""
+    speeds = [1.0] + [predict(costs, acceptance, k, rows, **kw)["speedup"] for k in range(1, int(k_max) + 1)]
+    top = max(speeds)
+    best = next(k for k, s in enumerate(speeds) if s >= top * (1 - tol) - 1e-12)
+    return best, speeds[best]
+
+
+def speedup_vs_batch(costs, acceptance, batches, k_max: int, k: int | None = None, **kw) -> list[dict]:
+    """One row per batch size: the best k there and its speedup, and the speedup at a fixed ``k``."""
+    out = []
+    for b in batches:
+        kb, sb = best_k_for_batch(costs, acceptance, int(b), k_max, **kw)
+        row = {"batch": int(b), "best_k": kb, "best_speedup": sb}
+        if k:
+            p = predict(costs, acceptance, k, int(b), **kw)
+            row.update(k=int(k), speedup=p["speedup"], tpot_s=p["tpot_s"], plain_tpot_s=p["plain_tpot_s"])
+        out.append(row)
+    return out
+
+
+def predicted_crossover(costs, acceptance, k_max: int, k: int | None = None, max_batch: int = 4096,
+                        **kw) -> int | None:
+    """The smallest batch size at which speculation stops paying (speedup <= 1 at the fixed ``k``, or
+    at every k <= k_max when ``k`` is None); None when it still pays at ``max_batch``. Doubles the
+    batch, then bisects (the speedup falls as the batch grows: the verify turns compute-bound)."""
+    def pays(b: int) -> bool:
+        if k:
+            return predict(costs, acceptance, k, b, **kw)["speedup"] > 1.0 + 1e-9
+        return best_k_for_batch(costs, acceptance, b, k_max, **kw)[0] > 0
+
+    if not pays(1):
+        return 1
+    lo, hi = 1, 2
+    while pays(hi):
+        if hi >= max_batch:
+            return None
+        lo, hi = hi, min(2 * hi, max_batch)
+    while hi - lo > 1:  # pays(lo), not pays(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if pays(mid) else (lo, mid)
+    return hi
+
+
+def batch_table(costs, acceptance, k_max: int, max_batch: int = 256, **kw) -> list[tuple[int, int, int]]:
+    """The best k for every batch size 1..max_batch as vLLM's ``num_speculative_tokens_per_batch_size``
+    wants it: inclusive ranges (start, end, k) with k = 0 where speculation does not pay. A k within 1%
+    of the best counts as the best (so near-ties do not flip the table back and forth)."""
+    out: list[list[int]] = []
+    for b in range(1, int(max_batch) + 1):
+        kb = best_k_for_batch(costs, acceptance, b, k_max, tol=0.01, **kw)[0]  # within 1%: the smaller k
+        if out and out[-1][2] == kb:
+            out[-1][1] = b
+        else:
+            out.append([b, b, kb])
+    return [tuple(r) for r in out]
