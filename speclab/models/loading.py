@@ -3,7 +3,7 @@
 Safetensors only, ``trust_remote_code`` off, no network for anything already on disk, and every
 failure one line (:class:`speclab.errors.SpeclabError`). Llama-architecture models take the native
 backend; the other architectures of the exactness suite take the generic one; anything whose cache
-cannot be rolled back exactly is refused here, with its name and the reason.
+cannot be rolled back exactly is refused here, with its name and the reason, before its weights are read.
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ def _family_names() -> list[str]:
         return []
 
 
-def _check_hub_reachable(spec: str, role: str, timeout: float = 3.0) -> None:
+def _check_hub_reachable(spec: str, what: str, timeout: float = 3.0) -> None:
     """Fail in seconds, in one line, when the hub cannot be reached (instead of minutes of retries)."""
     import socket
     from urllib.parse import urlparse
 
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        raise SpeclabError(f"cannot load {role} model '{spec}': not a shipped model or local directory, not in the "
+        raise SpeclabError(f"cannot load {what} '{spec}': not a shipped model or local directory, not in the "
                            f"local cache, and HF_HUB_OFFLINE is set")
     try:
         from huggingface_hub import constants
@@ -60,7 +60,7 @@ def _check_hub_reachable(spec: str, role: str, timeout: float = 3.0) -> None:
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError:
-        raise SpeclabError(f"cannot load {role} model '{spec}': not a shipped model or local directory, not in the "
+        raise SpeclabError(f"cannot load {what} '{spec}': not a shipped model or local directory, not in the "
                            f"local cache, and the hub ({host}) is unreachable from here") from None
 
 
@@ -70,13 +70,14 @@ def load_model(spec: str, *, device: str | torch.device | None = None, dtype: to
 
     Safetensors only, ``trust_remote_code`` off. Any failure is a one-line :class:`SpeclabError`.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a loading bar per model is noise in a CLI, an app and a notebook
 
+    what = role if role == "model" else f"{role} model"  # "model 'x'", "draft model 'x'"
     if not spec or not str(spec).strip():
-        raise SpeclabError(f"no {role} model given")
+        raise SpeclabError(f"no {what} given")
     spec = str(spec)
     device = torch.device(device) if device is not None else default_device()
     if dtype is None:
@@ -92,34 +93,66 @@ def load_model(spec: str, *, device: str | torch.device | None = None, dtype: to
         source, local, name = spec, False, spec
     else:
         known = ", ".join(_family_names()) or "none shipped yet"
-        raise SpeclabError(f"unknown {role} model '{spec}': not a shipped model ({known}), "
+        raise SpeclabError(f"unknown {what} '{spec}': not a shipped model ({known}), "
                            f"not a local directory, not a hub id")
-    kw = dict(trust_remote_code=False)
     try:
-        try:  # a hub id may already be in the local cache: never touch the network for it
-            tok = AutoTokenizer.from_pretrained(source, local_files_only=True, **kw)
-            model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, use_safetensors=True,
-                                                         dtype=dtype, attn_implementation="sdpa", **kw)
-        except Exception:
-            if local:
-                raise
-            _check_hub_reachable(spec, role)
-            tok = AutoTokenizer.from_pretrained(source, **kw)
-            model = AutoModelForCausalLM.from_pretrained(source, use_safetensors=True, dtype=dtype,
-                                                         attn_implementation="sdpa", **kw)
+        tok, config = _from_cache_or_hub(lambda offline: _tokenizer_and_config(source, offline), spec, what, local)
+        backend = _choose_backend(config, backend, what, spec)  # refusals come before any weights are read
+        model = _from_cache_or_hub(lambda offline: AutoModelForCausalLM.from_pretrained(
+            source, config=config, local_files_only=offline, use_safetensors=True, dtype=dtype,
+            attn_implementation=attention_implementation(config), trust_remote_code=False), spec, what, local)
     except SpeclabError:
         raise
     except Exception as e:  # noqa: BLE001 - any loader failure becomes one line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SpeclabError(f"cannot load {role} model '{spec}' from {source}: {msg[:300]}") from None
+        raise SpeclabError(f"cannot load {what} '{spec}' from {source}: {msg[:300]}") from None
     model.to(device).eval()
     model.requires_grad_(False)
-    if backend == "auto":
-        backend = "native" if native_supported(model.config) else "hf"
-    elif backend == "native" and not native_supported(model.config):
-        raise SpeclabError(f"{role} model '{spec}' ({model.config.model_type}) has no native backend; use backend='hf'")
-    if backend == "hf":
-        problem = rollback_problem(model.config)
-        if problem:
-            raise SpeclabError(f"cannot use {role} model '{spec}' ({model.config.model_type}): {problem}")
     return LM(name, source, model, tok, backend)
+
+
+def _from_cache_or_hub(load, spec: str, what: str, local: bool):
+    """``load(offline=True)`` first: a hub id may already be in the local cache, and then the network is
+    never touched; a hub id that is not gets one reachability check, then ``load(offline=False)``."""
+    try:
+        return load(True)
+    except SpeclabError:
+        raise
+    except Exception:
+        if local:
+            raise
+        _check_hub_reachable(spec, what)
+        return load(False)
+
+
+def _tokenizer_and_config(source: str, offline: bool):
+    from transformers import AutoConfig, AutoTokenizer
+
+    kw = dict(local_files_only=offline, trust_remote_code=False)
+    return AutoTokenizer.from_pretrained(source, **kw), AutoConfig.from_pretrained(source, **kw)
+
+
+def _choose_backend(config, backend: str, what: str, spec: str) -> str:
+    """The backend for this config ("native" or "hf"), or a one-line refusal naming the model and the reason."""
+    mt = getattr(config, "model_type", "?")
+    if backend not in ("auto", "native", "hf"):
+        raise SpeclabError(f"unknown backend '{backend}' (known: auto, native, hf)")
+    if backend == "auto":
+        backend = "native" if native_supported(config) else "hf"
+    elif backend == "native" and not native_supported(config):
+        raise SpeclabError(f"{what} '{spec}' ({mt}) has no native backend; use backend='hf'")
+    if backend == "hf":
+        problem = rollback_problem(config)
+        if problem:
+            raise SpeclabError(f"cannot use {what} '{spec}' ({mt}): {problem}")
+    return backend
+
+
+def attention_implementation(config) -> str:
+    """SDPA where the architecture supports it, else eager (e.g. Gemma-2: SDPA cannot softcap attention
+    logits). Never flash attention: it ignores the 4-D position masks the generic backend relies on,
+    whatever the checkpoint's config asks for."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    return "sdpa" if cls is None or getattr(cls, "_supports_sdpa", False) else "eager"
