@@ -36,24 +36,17 @@ def bpe_tokenizer(vocab_size: int, texts: list[str] | None = None):
     return hf_tokenizer(train_tokenizer(texts, vocab_size), max_length=1024)
 
 
-def tiny_llama(path, tokenizer, *, seed: int = 0, vocab_size: int | None = None, layers: int = 2, hidden: int = 64,
-               heads: int = 4, kv_heads: int = 4, ffn: int | None = None, max_pos: int = 512, init: float = 0.02,
-               eos: int | None = None, base_state=None, noise: float = 0.0, head_scale: float = 1.0,
-               dtype=None):
-    """A random Llama saved at ``path`` with ``tokenizer``. ``base_state`` + ``noise``: a perturbed copy of
-    another model (noise x each tensor's std); ``head_scale`` sharpens the LM head (a random model that
-    prefers some tokens strongly)."""
+def tiny_from_config(path, cfg, tokenizer, *, seed: int = 0, base_state=None, noise: float = 0.0,
+                     head_scale: float = 1.0, never_eos: bool = False, dtype=None):
+    """A random model of any architecture from its config, saved at ``path`` with ``tokenizer``.
+    ``base_state`` + ``noise``: a perturbed copy of another model (noise x each tensor's std);
+    ``head_scale`` sharpens the LM head (a random model that prefers some tokens strongly, so greedy
+    argmax is never a near-tie); ``never_eos`` zeroes the EOS row of the head (rows run their budget)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    V = vocab_size or len(tokenizer)
-    eos = eos if eos is not None else tokenizer.eos_token_id
-    cfg = LlamaConfig(vocab_size=V, hidden_size=hidden, intermediate_size=ffn or 2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
-                      initializer_range=init, eos_token_id=eos, bos_token_id=eos, pad_token_id=eos,
-                      tie_word_embeddings=False)
     torch.manual_seed(seed)
-    m = LlamaForCausalLM(cfg).eval()
+    m = AutoModelForCausalLM.from_config(cfg).float().eval()
     if dtype is not None:
         m = m.to(dtype)
     with torch.no_grad():
@@ -63,12 +56,33 @@ def tiny_llama(path, tokenizer, *, seed: int = 0, vocab_size: int | None = None,
                 g = torch.Generator().manual_seed(seed)
                 for p in m.parameters():
                     p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * noise * p.std().clamp(min=1e-3))
-        elif head_scale != 1.0:
-            m.lm_head.weight.mul_(head_scale)
+        else:
+            head = m.get_output_embeddings().weight
+            if head_scale != 1.0:
+                head.mul_(head_scale)
+            if never_eos:
+                head[cfg.eos_token_id] = 0.0
     Path(path).mkdir(parents=True, exist_ok=True)
     m.save_pretrained(str(path), safe_serialization=True)
     tokenizer.save_pretrained(str(path))
     return m
+
+
+def tiny_llama(path, tokenizer, *, seed: int = 0, vocab_size: int | None = None, layers: int = 2, hidden: int = 64,
+               heads: int = 4, kv_heads: int = 4, ffn: int | None = None, max_pos: int = 512, init: float = 0.02,
+               eos: int | None = None, base_state=None, noise: float = 0.0, head_scale: float = 1.0,
+               dtype=None):
+    """A random Llama (see :func:`tiny_from_config`)."""
+    from transformers import LlamaConfig
+
+    V = vocab_size or len(tokenizer)
+    eos = eos if eos is not None else tokenizer.eos_token_id
+    cfg = LlamaConfig(vocab_size=V, hidden_size=hidden, intermediate_size=ffn or 2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
+                      initializer_range=init, eos_token_id=eos, bos_token_id=eos, pad_token_id=eos,
+                      tie_word_embeddings=False)
+    return tiny_from_config(path, cfg, tokenizer, seed=seed, base_state=base_state, noise=noise,
+                            head_scale=head_scale, dtype=dtype)
 
 
 def tiny_family(out_dir, *, seed: int = 0, vocab: int = 512, hidden: int = 64, layers: int = 2, init: float = 0.1,

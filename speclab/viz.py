@@ -280,3 +280,19 @@ def k_per_round_chart(rounds):
         color=alt.Color("row:N", title="row"),
         tooltip=["round", "row", "k", "k_reason", "drafted", "accepted"],
     ).properties(width=520, height=160, title="draft length chosen per round and row")
+
+
+def advisor_curves_chart(curves: dict):
+    """The advisor's predicted speedup against batch per workload (``Advice.curves``), best k per batch."""
+    import altair as alt
+    import pandas as pd
+
+    recs = [dict(workload=w, **r) for w, rows in (curves or {}).items() for r in rows]
+    d = pd.DataFrame(recs, columns=["workload", "batch", "best_k", "speedup"])
+    x = alt.X("batch:Q", title="concurrent requests (batch)", scale=alt.Scale(type="log", base=2))
+    lines = alt.Chart(d).mark_line(point=True).encode(
+        x=x, y=alt.Y("speedup:Q", title="predicted speedup vs plain"), color=alt.Color("workload:N"),
+        tooltip=["workload", "batch", "best_k", alt.Tooltip("speedup:Q", format=".2f")])
+    one = alt.Chart(d).mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(1.0))
+    return alt.layer(lines, one).properties(width=520, height=220,
+                                            title="predicted speedup vs load (best k at each batch)")

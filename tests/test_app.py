@@ -337,3 +337,21 @@ def test_timing_ttfts_agree_on_a_warm_process(models):
     assert list(r["ttft"]["repeats"]) == [5, 5]
     assert abs(base - spec) <= max(2.0, 0.5 * max(base, spec)), (base, spec)
     assert r["speedup"] is not None and r["speedup"] > 0
+
+
+@pytest.mark.slow
+def test_advisor_endpoint(client):
+    status, verdicts, chart, rubric, notes = client.predict(
+        core.ACCEPTANCE_TYPED, "json:0.85,creative:0.08", None, "h100", "llama-3.1-8b", core.DRAFT_BY_COST, 0.05,
+        4, 8, 0, 0, 256, api_name="/advise")
+    assert status.startswith("✓"), status
+    rows = {r[0]: r for r in verdicts["data"]}
+    assert rows["json"][1] == "enable" and rows["creative"][1] == "do not enable"
+    assert "low acceptance" in rows["creative"][2]
+    assert chart["type"] == "altair" and rubric["data"] and "Not covered" in notes
+    bad = client.predict(core.ACCEPTANCE_TYPED, "json:1.7", None, "h100", "llama-3.1-8b", core.DRAFT_BY_COST, 0.05,
+                         4, 8, 0, 0, 256, api_name="/advise")
+    assert "⚠" in bad[0] and "json" in bad[0]
+    bad = client.predict(core.ACCEPTANCE_SHIPPED, "", None, "tpu-v9", "llama-3.1-8b", core.DRAFT_BY_COST, 0.05,
+                         4, 8, 0, 0, 256, api_name="/advise")
+    assert "unknown hardware" in bad[0]

@@ -20,6 +20,7 @@ from speclab.engine import Fixed, Request, Scheduler, SpeculativeDecoder
 from speclab.errors import SpeclabError
 from speclab.models import load_model
 from speclab.models.hf_backend import TESTED_MODEL_TYPES, HFKVCache
+from speclab.testing import tiny_from_config
 
 NEW = 24
 WINDOW = 8
@@ -61,23 +62,8 @@ SLIDING = ("qwen2-sliding", "mistral", "phi3", "gemma2")
 def _save(path, cfg, tokenizer, seed: int, base=None, noise: float = 0.0, head_scale: float = 4.0):
     """A random model with a sharp LM head (argmax is never a near-tie) and EOS never the argmax (rows run
     their whole budget, so sliding windows matter); ``base`` + ``noise``: a perturbed copy of it."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    m = AutoModelForCausalLM.from_config(cfg).float().eval()
-    with torch.no_grad():
-        if base is not None:
-            m.load_state_dict(base.state_dict())
-            g = torch.Generator().manual_seed(seed)
-            for p in m.parameters():
-                p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp(min=1e-3))
-        else:
-            head = m.get_output_embeddings().weight
-            head.mul_(head_scale)
-            head[cfg.eos_token_id] = 0.0
-    m.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return m
+    return tiny_from_config(path, cfg, tokenizer, seed=seed, base_state=base.state_dict() if base is not None
+                            else None, noise=noise, head_scale=head_scale, never_eos=True)
 
 
 class Zoo:
