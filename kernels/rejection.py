@@ -6,6 +6,9 @@ and samples from it by inverse CDF with the row's last uniform draw.
 Reference: :func:`speclab.engine.acceptance.rejection_sample` (same inputs, same outputs). The kernel
 reads each row's probabilities once per vocabulary block and writes two integers; the reference
 materialises a (B, V) residual. Used by the decoder on CUDA when Triton is installed.
+
+Offsets are int64 (:func:`row_offset`): a (B, K+1, V) tensor passes 2^31 elements at realistic sizes
+(e.g. B = 1800, K = 7, V = 152064), where int32 element offsets wrap and read another row's memory.
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ def triton_available(device: torch.device | str) -> bool:
 if HAVE_TRITON:
 
     @triton.jit
+    def row_offset(b, i, K, V):
+        """Element offset of row (b, i) of a contiguous (B, K, V) tensor, in int64: b comes from
+        ``tl.program_id`` and K, V from int arguments, all int32, and (b * K + i) * V passes 2^31 once
+        B * K * V does. Widening b first makes every product after it int64."""
+        return (b.to(tl.int64) * K + i) * V
+
+    @triton.jit
     def _block(t_row, d_row, v0, V, d_rej, mix, HAS_DRAFT_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
         """One vocabulary block of mix * max(target - draft, 0) + (1 - mix) * target (mix is 0 or 1);
         a deterministic draft is one-hot at d_rej."""
@@ -53,7 +63,7 @@ if HAVE_TRITON:
         K, V, eps,
         HAS_DRAFT_PROBS: tl.constexpr, BLOCK_V: tl.constexpr,
     ):
-        b = tl.program_id(0)
+        b = tl.program_id(0).to(tl.int64)  # every offset below is int64 (see row_offset)
         nd = tl.load(num_draft_ptr + b)
         # ---- first rejection: n = number of leading accepted drafts
         n = 0
@@ -61,9 +71,9 @@ if HAVE_TRITON:
         for i in range(0, K):
             d = tl.load(draft_tokens_ptr + b * K + i)
             d = tl.maximum(d, 0)
-            pt = tl.load(target_probs_ptr + (b * (K + 1) + i) * V + d)
+            pt = tl.load(target_probs_ptr + row_offset(b, i, K + 1, V) + d)
             if HAS_DRAFT_PROBS:
-                pd = tl.load(draft_probs_ptr + (b * K + i) * V + d)
+                pd = tl.load(draft_probs_ptr + row_offset(b, i, K, V) + d)
             else:
                 pd = 1.0
             u = tl.load(u_accept_ptr + b * K + i)
@@ -75,8 +85,8 @@ if HAVE_TRITON:
         slot = tl.minimum(n, K - 1)
         slot = tl.maximum(slot, 0)
         d_rej = tl.maximum(tl.load(draft_tokens_ptr + b * K + slot), 0)
-        t_row = target_probs_ptr + (b * (K + 1) + n) * V
-        d_row = draft_probs_ptr + (b * K + slot) * V
+        t_row = target_probs_ptr + row_offset(b, n, K + 1, V)
+        d_row = draft_probs_ptr + row_offset(b, slot, K, V)
         # ---- pass 1: residual mass (the target's own mass when nothing was rejected)
         mass = 0.0
         for v0 in range(0, V, BLOCK_V):

@@ -1,114 +1,1102 @@
 #!/usr/bin/env python
-"""GPU check (issue 6): run on a CUDA machine as one prepared script.
+"""The GPU check (issue 16): one prepared command for a CUDA machine that writes what the lab claims
+about GPUs into an output folder.
 
-1. The speclab vs Hugging Face comparison (``speclab bench --compare``) in bf16 on the GPU.
-2. One decode step of a ~1B-parameter random-weight Llama (speclab's native forward, batch 1,
-   bf16) against the memory-bandwidth roofline: weight bytes / HBM bandwidth.
-3. The Triton acceptance kernel against the PyTorch reference on the GPU.
+    python scripts/gpu_check.py --out DIR            # on a CUDA machine: ~5 minutes, hard cap --budget
+    python scripts/gpu_check.py --out DIR --dry-run  # tiny sizes on the CPU: every section's code path
 
-    python scripts/gpu_check.py --out gpu_check.json [--bandwidth-gbs 4800]
+Sections, each in its own process (a CUDA error or a hang in one cannot take the others down), each
+with a time budget (``--timeout``) and saved as it goes (a section stopped at its budget keeps its rows):
 
-H200 HBM3e: 4.8 TB/s peak. The script prints a table and writes JSON. It needs no download.
+  env               device, driver and library versions
+  kernel            the Triton acceptance kernel against the PyTorch reference, up to B*(K+1)*V past 2^31
+  roofline          a 1B-class random Llama (bf16), decode and verify step at batch 1 against the HBM
+                    roofline (weight + KV bytes / bandwidth), eager vs CUDA graphs
+  crossover-1b      speculative (synthetic drafts, alpha 0.6 and 0.8) vs plain decoding, batch 1..256, on
+                    the 1B target with CUDA graphs: the crossover batch
+  exactness         greedy identity in fp32 (speculative = plain = HF generate; family and tiny models,
+                    CUDA graphs on and off); bf16 speculative vs plain
+  crossover-family  the crossover rows for the embedded family (its draft, prompt lookup, synthetic)
+  compile           the roofline's graph step with torch.compile (Inductor) fusing the small kernels
+  train             a stronger family (10x the target's tokens): only with --only train, or in --dry-run
+
+Outputs: DIR/gpu_check.json (everything), DIR/gpu_check.md (the tables; its first table is the one for
+the README), DIR/gpu_check.log (the progress lines), and for ``train`` the trained weights packed as
+DIR/train_family.tar.gz.partNN (15 MiB parts). docs/gpu.md explains every number.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import traceback
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+H200_GBS = 4800.0  # HBM3e peak, GB/s (the datasheet number speclab.analysis.roofline's h200 preset holds)
+TIE_RTOL = 1e-4  # a next-token mismatch is a summation-order tie when the draw is this close to a CDF step
+PART_BYTES = 15 * 2**20  # what one returned file may hold (the device tool returns files up to 16 MiB)
 
-def roofline_step(bandwidth_gbs: float, hidden=2048, layers=16, heads=16, kv_heads=8, ffn=8192, vocab=32000,
-                  ctx=512, reps=50) -> dict:
+
+# ---------------------------------------------------------------------------------------------- sizes
+@dataclass
+class Sizes:
+    """Every size the sections use: the real run's, or the dry run's tiny ones (``tiny()``)."""
+
+    device: str = "cuda"
+    # kernel: (B, K, V, deterministic drafts); the large case passes 2^31 elements in target_probs
+    kernel_cases: tuple = ((64, 4, 32000, False), (64, 4, 32000, True), (256, 7, 128256, False),
+                           (33, 1, 50, False), (8, 0, 1000, False))
+    kernel_large: tuple | None = (1800, 7, 152064, False)  # 2.19e9 elements (8.8 GB fp32) + draft 7.7 GB
+    kernel_timing: tuple | None = (64, 4, 32000)
+    # the 1B-class target
+    big: dict = field(default_factory=lambda: dict(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192,
+                                                   vocab=32000, max_pos=4096))
+    big_dtype: str = "bfloat16"
+    context: int = 512
+    reps: int = 50
+    k: int = 4
+    # crossovers
+    batches: tuple = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    prompt_len: int = 64
+    new_tokens: int = 32
+    family_new: int = 48
+    alphas: tuple = (0.6, 0.8)
+    # exactness
+    exact_prompts: int = 6
+    exact_new: int = 32
+    # train: the factor on every spec's tokens, corpus and config overrides
+    train_scale: float = 10.0
+    train_tiny: bool = False
+
+    @classmethod
+    def tiny(cls) -> "Sizes":
+        return cls(device="cpu", kernel_cases=((16, 4, 50, False), (16, 3, 64, True), (8, 0, 20, False)),
+                   kernel_large=None, kernel_timing=None,
+                   big=dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=512, max_pos=512),
+                   big_dtype="float32", context=24, reps=3, batches=(1, 2, 4), prompt_len=8, new_tokens=8,
+                   family_new=8, exact_prompts=2, exact_new=8, train_tiny=True)
+
+
+# name, title, budget on the GPU (s), budget in the dry run (s)
+SECTIONS = [
+    ("env", "environment", 30, 60),
+    ("kernel", "Triton acceptance kernel vs PyTorch reference", 75, 150),
+    ("roofline", "1B-class decode step vs HBM roofline, eager vs CUDA graphs", 90, 120),
+    ("crossover-1b", "speculative vs plain, synthetic drafts, 1B target", 150, 150),
+    ("exactness", "greedy identity (fp32) and bf16 speculative vs plain", 90, 180),
+    ("crossover-family", "speculative vs plain, embedded family", 100, 150),
+    ("compile", "1B decode step with torch.compile + CUDA graphs", 150, 120),
+    ("train", "a stronger family trained on the GPU", 540, 240),
+]
+OPT_IN = ("train",)  # run on the GPU only when asked for with --only
+
+
+# ---------------------------------------------------------------------------------------------- a section's record
+class Part:
+    """A section's results, written to disk after every change: a section stopped at its budget keeps
+    what it had."""
+
+    def __init__(self, path: Path, name: str):
+        self.path, self.name = path, name
+        self.data = {"name": name, "status": "running", "reason": "", "summary": {}, "rows": [], "notes": []}
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        os.replace(tmp, self.path)
+
+    def log(self, msg: str) -> None:
+        print(f"[{self.name}] {msg}", flush=True)
+
+    def row(self, **kw) -> None:
+        self.data["rows"].append(kw)
+        self.save()
+        self.log("  ".join(f"{k}={_fmt(v)}" for k, v in kw.items()))
+
+    def note(self, msg: str) -> None:
+        self.data["notes"].append(msg)
+        self.save()
+        self.log(msg)
+
+    def summary(self, **kw) -> None:
+        self.data["summary"].update(kw)
+        self.save()
+
+    def skip(self, reason: str) -> None:
+        self.data["status"], self.data["reason"] = "skipped", reason
+        self.save()
+        self.log(f"skipped: {reason}")
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _torch():
+    import torch
+
+    return torch
+
+
+def sync(dev) -> None:
+    torch = _torch()
+    if torch.device(dev).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_fn(fn, reps: int, dev, warmup: int = 3) -> dict:
+    """Median ms of one call with a device sync around it (what a decoder that reads its tokens back pays),
+    and the mean ms of ``reps`` calls back to back with one sync at the end (launches overlap the GPU)."""
+    for _ in range(warmup):
+        fn()
+    sync(dev)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        sync(dev)
+        times.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync(dev)
+    return {"synced_ms": statistics.median(times) * 1e3, "pipelined_ms": (time.perf_counter() - t) / reps * 1e3}
+
+
+def random_llama(dims: dict, dev: str, dtype: str, *, copy_head: bool = False, seed: int = 0):
+    """A random-weight Llama as a speclab LM (native backend), built on the device. Its tokenizer maps
+    ids to single characters (ids are what the benchmarks feed). ``copy_head``: the LM head tied to an
+    embedding scaled up, so the greedy continuation repeats the last token with a wide margin (bf16's
+    batch-shape rounding never flips it; the bytes and kernels of a step are unchanged)."""
+    torch = _torch()
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from speclab.models.native_llama import NativeLlama, StaticKVCache
+    from speclab.models.lm import LM
+    from speclab.testing import char_tokenizer
 
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
-                      tie_word_embeddings=False)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    n_params = sum(p.numel() for p in model.parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    # bytes a decode step must read: every weight except the embedding table (only one row is read)
-    read_bytes = weight_bytes - model.model.embed_tokens.weight.numel() * 2
-    native = NativeLlama(model)
-    cache = StaticKVCache(native, 1, ctx + 64)
-    ids = torch.randint(0, vocab, (1, ctx), device="cuda")
-    with torch.inference_mode():
-        cache.forward(ids, torch.arange(ctx, device="cuda")[None], None, kv_len=ctx)
-        tok = torch.randint(0, vocab, (1, 1), device="cuda")
-        pos = torch.tensor([[ctx]], device="cuda")
-        times = []
-        for i in range(reps + 5):
-            torch.cuda.synchronize()
+    V = dims["vocab"]
+    tok = char_tokenizer("".join(chr(0x4E00 + i) for i in range(V - 1)))  # V - 1 characters + <eos>
+    cfg = LlamaConfig(vocab_size=V, hidden_size=dims["hidden"], intermediate_size=dims["ffn"],
+                      num_hidden_layers=dims["layers"], num_attention_heads=dims["heads"],
+                      num_key_value_heads=dims["kv_heads"], max_position_embeddings=dims["max_pos"],
+                      eos_token_id=V - 1, bos_token_id=V - 1, pad_token_id=V - 1, tie_word_embeddings=copy_head)
+    torch.manual_seed(seed)
+    with torch.device(dev):
+        model = LlamaForCausalLM(cfg)
+    model = model.to(getattr(torch, dtype)).eval()
+    if copy_head:
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(50.0)
+    return LM(f"llama-{dims['hidden']}x{dims['layers']}-random", "", model, tok, "native")
+
+
+def weight_bytes(lm) -> int:
+    """Bytes a decode step reads from weights: everything but the embedding table (one row is read);
+    a tied LM head is counted once, as the head."""
+    m = lm.hf_model
+    seen, total = set(), 0
+    emb = m.model.embed_tokens.weight
+    for p in m.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    if m.lm_head.weight.data_ptr() != emb.data_ptr():
+        total -= emb.numel() * emb.element_size()
+    return total
+
+
+def kv_bytes(lm, rows: int, slots: int) -> int:
+    c = lm.native.cfg
+    return 2 * c.n_layers * c.n_kv_heads * c.head_dim * slots * rows * lm.native.embed.element_size()
+
+
+# ---------------------------------------------------------------------------------------------- env
+def sec_env(part: Part, args, sz: Sizes) -> None:
+    torch = _torch()
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "cuda_available": torch.cuda.is_available(), "platform": platform.platform()}
+    for mod in ("triton", "transformers"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception as e:  # noqa: BLE001
+            info[mod] = f"missing ({type(e).__name__})"
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(device=torch.cuda.get_device_name(0), capability=f"{p.major}.{p.minor}",
+                    memory_gib=round(p.total_memory / 2**30, 1), multiprocessors=p.multi_processor_count,
+                    cuda=torch.version.cuda)
+        free, total = torch.cuda.mem_get_info()
+        info["free_gib"] = round(free / 2**30, 1)
+    else:
+        info["device"] = "cpu (dry run)" if args.dry_run else "cpu"
+    part.summary(**info)
+    part.row(**{k: v for k, v in info.items() if k in ("device", "torch", "triton", "transformers", "cuda")})
+
+
+# ---------------------------------------------------------------------------------------------- kernel
+def kernel_inputs(B: int, K: int, V: int, deterministic: bool, seed: int, dev: str):
+    """Random acceptance inputs, built in place (the large case holds 16 GB): peaked target and draft
+    distributions, targets half-mixed with the drafts so runs of acceptances happen, ragged draft counts."""
+    torch = _torch()
+    g = torch.Generator(device=dev).manual_seed(seed)
+    tp = torch.rand(B, K + 1, V, generator=g, device=dev)  # (B, K+1, V)
+    tp.pow_(4)
+    tp.div_(tp.sum(-1, keepdim=True))
+    dp = None
+    if K == 0:
+        drafts = torch.zeros(B, 0, dtype=torch.long, device=dev)
+    elif deterministic:
+        drafts = tp[:, :K].argmax(-1)  # (B, K)
+        wrong = torch.rand(B, K, generator=g, device=dev) < 0.3
+        drafts = torch.where(wrong, torch.randint(0, V, (B, K), generator=g, device=dev), drafts)
+    else:
+        dp = torch.rand(B, K, V, generator=g, device=dev)  # (B, K, V)
+        dp.pow_(4)
+        dp.div_(dp.sum(-1, keepdim=True))
+        drafts = torch.multinomial(dp.view(-1, V), 1, generator=g).view(B, K)
+        tp[:, :K].mul_(0.5).add_(dp, alpha=0.5)
+    nd = torch.randint(0, K + 1, (B,), generator=g, device=dev)
+    drafts = torch.where(torch.arange(K, device=dev)[None] < nd[:, None], drafts, torch.full_like(drafts, -1))
+    ua = torch.rand(B, K, generator=g, device=dev)
+    un = torch.rand(B, generator=g, device=dev)
+    return drafts, dp, tp, nd, ua, un
+
+
+def tie_gap(b: int, tok_a: int, tok_b: int, drafts, dp, tp, nd, ref, un) -> float:
+    """How far (relative to the total mass) the draw of row b is from the CDF step between the two
+    tokens picked, in float64: ~0 means the two implementations' sums just rounded differently."""
+    from speclab.engine.acceptance import RESIDUAL_EPS
+
+    torch = _torch()
+    n = int(ref.num_accepted[b])
+    t = tp[b, n].double()
+    dist = t
+    if n < int(nd[b]):  # rejected: the residual max(target - draft, 0), unless it has no mass
+        if dp is not None:
+            q = dp[b, n].double()
+        else:
+            q = torch.zeros_like(t)
+            q[int(drafts[b, n])] = 1.0
+        res = (t - q).clamp(min=0)
+        dist = res if float(res.sum()) > RESIDUAL_EPS else t
+    cdf = dist.cumsum(0)
+    total = float(cdf[-1])
+    goal = float(un[b]) * total
+    lo, hi = sorted((tok_a, tok_b))
+    return max(abs(float(cdf[lo]) - goal), abs(float(cdf[hi - 1]) - goal)) / total
+
+
+def sec_kernel(part: Part, args, sz: Sizes) -> None:
+    torch = _torch()
+    from kernels.rejection import fused_rejection_sample, triton_available
+    from speclab.engine.acceptance import rejection_sample
+
+    dev = sz.device
+    if not triton_available(dev):
+        part.skip("Triton cannot run here (no CUDA device, no TRITON_INTERPRET=1)")
+        return
+    if dev == "cpu":
+        part.note("Triton interpreter on the CPU (dry run): small cases only; the past-2^31 offsets are checked by "
+                  "tests/kernel_check.py under the interpreter and here on the GPU")
+    cases = [(c, "") for c in sz.kernel_cases]
+    if sz.kernel_large is not None:
+        cases.append((sz.kernel_large, "large"))
+    verdicts = []
+    largest = 0
+    for i, ((B, K, V, det), tag) in enumerate(cases):
+        elements = B * (K + 1) * V
+        if tag == "large" and dev == "cuda":
+            need = (B * (K + 1) * V + (0 if det else B * K * V)) * 4 * 1.2
+            free = torch.cuda.mem_get_info()[0]
+            if need > free:
+                part.note(f"large case skipped: needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
+                continue
+        t0 = time.perf_counter()
+        inputs = kernel_inputs(B, K, V, det, seed=i, dev=dev)
+        drafts, dp, tp, nd, ua, un = inputs
+        ref = rejection_sample(*inputs)
+        got = fused_rejection_sample(*inputs)
+        sync(dev)
+        acc_eq = bool(torch.equal(ref.num_accepted, got.num_accepted))
+        bonus_eq = bool(torch.equal(ref.is_bonus, got.is_bonus))
+        diff = (ref.next_token != got.next_token).nonzero().flatten().tolist()
+        gaps = [tie_gap(b, int(ref.next_token[b]), int(got.next_token[b]), drafts, dp, tp, nd, ref, un) for b in diff]
+        ties = sum(g <= TIE_RTOL for g in gaps)
+        verdict = ("exact" if acc_eq and bonus_eq and not diff else
+                   "exact up to summation order" if acc_eq and bonus_eq and ties == len(diff) else "MISMATCH")
+        verdicts.append(verdict)
+        largest = max(largest, elements)
+        part.row(B=B, K=K, V=V, drafts="deterministic" if det else "sampled", elements=elements,
+                 past_2_31=elements > 2**31, accepted_equal=acc_eq, bonus_equal=bonus_eq,
+                 token_mismatches=len(diff), summation_ties=ties, max_gap=max(gaps, default=0.0), verdict=verdict,
+                 seconds=round(time.perf_counter() - t0, 2))
+        del inputs, drafts, dp, tp, nd, ua, un, ref, got
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    if sz.kernel_timing is not None:
+        B, K, V = sz.kernel_timing
+        inputs = kernel_inputs(B, K, V, False, seed=99, dev=dev)
+        tk = time_fn(lambda: fused_rejection_sample(*inputs), 20, dev)
+        tr = time_fn(lambda: rejection_sample(*inputs), 20, dev)
+        part.summary(kernel_ms=tk["synced_ms"], reference_ms=tr["synced_ms"], timing_shape=f"B={B} K={K} V={V}")
+        part.row(timing=f"B={B} K={K} V={V}", kernel_ms=tk["synced_ms"], reference_ms=tr["synced_ms"])
+    overall = ("MISMATCH" if "MISMATCH" in verdicts else
+               "exact up to summation order" if "exact up to summation order" in verdicts else "exact")
+    part.summary(verdict=overall, cases=len(verdicts), largest_elements=largest, past_2_31=largest > 2**31)
+
+
+# ---------------------------------------------------------------------------------------------- roofline
+def _prefill(cache, rows: int, context: int, vocab: int, dev: str) -> None:
+    torch = _torch()
+    g = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(0, vocab - 1, (rows, context), generator=g).to(dev)
+    cache.forward(ids, torch.zeros(rows, dtype=torch.long, device=dev), kv_len=context)
+
+
+def step_fns(lm, rows: int, T: int, context: int, *, graphs: bool, capture: bool, compile: str | None = None):
+    """A closure running one cached forward of T tokens per row after ``context`` positions (the same
+    slots every call), through the eager cache or a graphed one; and that cache."""
+    torch = _torch()
+    from speclab.models.cuda_graphs import GraphedCache
+
+    dev = str(lm.device)
+    V = lm.vocab_size
+    inner = lm.native.new_cache(rows, context + 64)
+    _prefill(inner, rows, context, V, dev)
+    cache = inner
+    if graphs:
+        cache = GraphedCache(inner, max_tokens=max(T, 1), capture=capture, compile=compile)
+        cache.live = rows
+    g = torch.Generator(device="cpu").manual_seed(2)
+    tok = torch.randint(0, V - 1, (rows, T), generator=g).to(dev)
+    start = torch.full((rows,), context, dtype=torch.long, device=dev)
+    return (lambda: cache.forward(tok, start, kv_len=context + T)), cache
+
+
+def roofline_rows(part: Part, lm, sz: Sizes, modes: list[tuple[str, dict]], bandwidth: float,
+                  tokens: tuple[int, ...]) -> dict:
+    """Rows (T, mode, step ms, roofline ms, fraction) for each T in ``tokens`` and each mode (the first
+    mode's logits are the reference of the others'); returns {(T, mode): synced ms}."""
+    torch = _torch()
+    dev = str(lm.device)
+    wb = weight_bytes(lm)
+    out = {}
+    for T in tokens:
+        ref_logits = None
+        for mode, kw in modes:
             t0 = time.perf_counter()
-            cache.forward(tok, pos, None, kv_len=ctx + 1)
-            torch.cuda.synchronize()
-            if i >= 5:
-                times.append(time.perf_counter() - t0)
-    step = statistics.median(times)
-    floor = read_bytes / (bandwidth_gbs * 1e9)
-    return dict(parameters=n_params, weight_bytes=weight_bytes, read_bytes=read_bytes, step_ms=step * 1e3,
-                roofline_ms=floor * 1e3, fraction_of_roofline=floor / step,
-                achieved_gbs=read_bytes / step / 1e9, bandwidth_gbs=bandwidth_gbs)
+            try:
+                fn, cache = step_fns(lm, 1, T, sz.context, **kw)
+                logits = fn().logits.float()
+                if ref_logits is None:
+                    ref_logits = logits
+                diff = float((logits - ref_logits).abs().max())
+                same_argmax = bool(torch.equal(logits.argmax(-1), ref_logits.argmax(-1)))
+                t = time_fn(fn, sz.reps, dev)
+            except Exception as e:  # noqa: BLE001 - one mode failing leaves the others
+                part.note(f"T={T} {mode}: {type(e).__name__}: {str(e)[:300]}")
+                continue
+            read = wb + kv_bytes(lm, 1, sz.context + T)
+            floor_ms = read / (bandwidth * 1e9) * 1e3
+            out[(T, mode)] = t["synced_ms"]
+            part.row(T=T, mode=mode, step_ms=t["synced_ms"], pipelined_ms=t["pipelined_ms"], roofline_ms=floor_ms,
+                     fraction=floor_ms / t["synced_ms"], pipelined_fraction=floor_ms / t["pipelined_ms"],
+                     achieved_gbs=read / (t["synced_ms"] * 1e-3) / 1e9, max_abs_logit_diff=diff,
+                     same_argmax=same_argmax, stats=dict(getattr(cache, "stats", {})),
+                     setup_s=round(time.perf_counter() - t0, 2))
+    return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="gpu_check.json")
-    ap.add_argument("--bandwidth-gbs", type=float, default=4800.0, help="HBM bandwidth (H200: 4800 GB/s)")
-    ap.add_argument("--skip-compare", action="store_true")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device; nothing to do", file=sys.stderr)
-        return 2
-    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    print(f"device: {report['device']}  torch {torch.__version__}", flush=True)
+def sec_roofline(part: Part, args, sz: Sizes) -> None:
+    torch = _torch()
+    dev = sz.device
+    t0 = time.perf_counter()
+    lm = random_llama(sz.big, dev, sz.big_dtype)
+    n_params = sum(p.numel() for p in lm.hf_model.parameters())
+    part.summary(parameters=n_params, weight_bytes_read=weight_bytes(lm), dtype=sz.big_dtype, context=sz.context,
+                 bandwidth_gbs=args.bandwidth_gbs, dims=sz.big, build_s=round(time.perf_counter() - t0, 1))
+    part.log(f"{n_params / 1e9:.3f}B parameters built in {time.perf_counter() - t0:.1f}s")
+    cuda = dev == "cuda" and torch.cuda.is_available()
+    modes = [("eager", dict(graphs=False, capture=False)), ("static eager", dict(graphs=True, capture=False))]
+    if cuda:
+        modes.append(("cuda graphs", dict(graphs=True, capture=True)))
+    else:
+        part.note("cuda graphs: skipped: no CUDA (the static-shape path they replay runs eagerly: 'static eager')")
+    times = roofline_rows(part, lm, sz, modes, args.bandwidth_gbs, (1, sz.k + 1))
+    floor = (weight_bytes(lm) + kv_bytes(lm, 1, sz.context + 1)) / (args.bandwidth_gbs * 1e9) * 1e3
+    best = "cuda graphs" if cuda else "static eager"
+    e, g = times.get((1, "eager")), times.get((1, best))
+    part.summary(roofline_ms=floor, eager_ms=e, graphs_ms=g if cuda else None,
+                 fraction_eager=floor / e if e else None, fraction_graphs=floor / g if (g and cuda) else None,
+                 graph_speedup=e / g if (e and g and cuda) else None,
+                 verify_graph_speedup=(times[(sz.k + 1, "eager")] / times[(sz.k + 1, best)]
+                                       if cuda and (sz.k + 1, best) in times and (sz.k + 1, "eager") in times
+                                       else None))
 
-    r = roofline_step(args.bandwidth_gbs)
-    report["roofline"] = r
-    print(f"1B-class step: {r['parameters'] / 1e9:.2f}B params, {r['step_ms']:.3f} ms/step, roofline "
-          f"{r['roofline_ms']:.3f} ms ({r['fraction_of_roofline']:.0%} of roofline, {r['achieved_gbs']:.0f} GB/s)",
-          flush=True)
 
-    env = dict(**__import__("os").environ, TRITON_INTERPRET="0")
-    k = subprocess.run([sys.executable, "-c", (
-        "import torch,sys; sys.path.insert(0,'.');"
-        "from kernels.rejection import fused_rejection_sample; from speclab.engine.acceptance import rejection_sample;"
-        "g=torch.Generator(device='cuda').manual_seed(0); B,K,V=64,4,32000;"
-        "tp=torch.rand(B,K+1,V,device='cuda',generator=g).softmax(-1); dp=torch.rand(B,K,V,device='cuda',"
-        "generator=g).softmax(-1);"
-        "d=torch.multinomial(dp.view(-1,V),1).view(B,K); nd=torch.full((B,),K,device='cuda');"
-        "ua=torch.rand(B,K,device='cuda',generator=g); un=torch.rand(B,device='cuda',generator=g);"
-        "a=fused_rejection_sample(d,dp,tp,nd,ua,un); b=rejection_sample(d,dp,tp,nd,ua,un);"
-        "print('kernel n equal', bool((a.num_accepted==b.num_accepted).all()), 'token mismatches',"
-        " int((a.next_token!=b.next_token).sum()))")], cwd=ROOT, env=env, capture_output=True, text=True)
-    report["kernel"] = (k.stdout + k.stderr).strip()[-2000:]
-    print(report["kernel"], flush=True)
+def sec_compile(part: Part, args, sz: Sizes) -> None:
+    """The graph step again with the static forward compiled (Inductor on the GPU; on the CPU dry run the
+    'eager' backend, which traces without generating code: the code path, not the speed)."""
+    torch = _torch()
+    dev = sz.device
+    cuda = dev == "cuda" and torch.cuda.is_available()
+    lm = random_llama(sz.big, dev, sz.big_dtype)
+    backend = "inductor" if cuda else "eager"
+    modes = [("eager", dict(graphs=False, capture=False)),
+             (f"compile[{backend}]" + (" + cuda graphs" if cuda else ""),
+              dict(graphs=True, capture=cuda, compile=backend))]
+    if cuda:
+        modes.insert(1, ("cuda graphs", dict(graphs=True, capture=True)))
+    times = roofline_rows(part, lm, sz, modes, args.bandwidth_gbs, (1,))  # one shape: each compiles anew
+    floor = (weight_bytes(lm) + kv_bytes(lm, 1, sz.context + 1)) / (args.bandwidth_gbs * 1e9) * 1e3
+    c = times.get((1, modes[-1][0]))
+    part.summary(roofline_ms=floor, compiled_ms=c, fraction_compiled=floor / c if (c and cuda) else None,
+                 backend=backend, mode=modes[-1][0])
 
-    if not args.skip_compare:
-        out = Path(args.out).with_suffix(".compare.json")
-        c = subprocess.run([sys.executable, "-m", "speclab", "bench", "--compare", "--device", "cuda", "--json",
-                            str(out), "--reps", "3", "--prompts-per-workload", "4"], cwd=ROOT, capture_output=True,
-                           text=True)
-        print(c.stdout[-6000:], c.stderr[-2000:], flush=True)
-        report["compare_rc"] = c.returncode
-        if out.exists():
-            report["compare"] = json.loads(out.read_text())
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
+
+# ---------------------------------------------------------------------------------------------- crossovers
+def decode_step_s(lm, rows: int, context: int, graphs: bool, reps: int) -> float:
+    """Median seconds of a decode step (T = 1) at ``rows`` rows, eager or through CUDA graphs."""
+    cuda = lm.device.type == "cuda"
+    fn, _ = step_fns(lm, rows, 1, context, graphs=graphs and cuda, capture=cuda)
+    return time_fn(fn, reps, str(lm.device))["synced_ms"] / 1e3
+
+
+def run_batch(lm, drafter, k: int, prompts: list[list[int]], new: int, graphs: bool) -> dict:
+    """One persistent scheduler (its graphs captured before the clock starts), a warm-up run, then the
+    measured run of ``prompts`` (EOS ignored: every row generates ``new`` tokens)."""
+    from speclab.engine import Request, Scheduler
+    from speclab.engine.policies import Fixed
+    from speclab.models.cuda_graphs import GraphedCache
+
+    dev = str(lm.device)
+    b = len(prompts)
+    longest = max(len(p) for p in prompts) + new
+    s = Scheduler(lm, drafter, Fixed(k) if drafter is not None else None, max_running=b, max_waiting=b,
+                  max_len=longest, capacity=b, record_costs=False, cuda_graphs=graphs)
+    captured = 0
+    for c in (s.cache, getattr(drafter, "cache", None)):
+        if isinstance(c, GraphedCache):  # the shapes of the first and the last rounds (their kv buckets)
+            for kv in sorted({min(len(p) for p in prompts) + 1, longest}):
+                captured += c.capture_shapes([b], list(range(1, s.k_max + 2)), kv)
+
+    def once(n_new: int):
+        reqs = [Request(list(p), n_new, ignore_eos=True) for p in prompts]
+        for r in reqs:
+            s.submit(r)
+        sync(dev)
+        t = time.perf_counter()
+        s.run_until_idle()
+        sync(dev)
+        return reqs, time.perf_counter() - t
+
+    once(min(new, k + 2))
+    r0 = s.round
+    reqs, wall = once(new)
+    tokens = sum(len(r.generated) for r in reqs)
+    drafted, accepted = sum(r.drafted for r in reqs), sum(r.accepted for r in reqs)
+    stats = {}
+    if isinstance(s.cache, GraphedCache):
+        stats = dict(s.cache.stats)
+    return dict(tokens_per_s=tokens / wall, wall_s=wall, tokens=tokens, rounds=s.round - r0,
+                acceptance=accepted / drafted if drafted else None, captured=captured, graph_stats=stats)
+
+
+def crossover_rows(part: Part, lm, configs: list[tuple[str, object]], prompt_sets: dict, sz: Sizes, new: int,
+                   graphs: bool, before_batch=None) -> dict:
+    """Per batch: plain decoding, then each (name, drafter) config; speedup = tokens/s over plain's.
+    Returns {config: crossover batch (the smallest batch where speculation loses) or None}."""
+    losing: dict[str, int | None] = {name: None for name, _ in configs}
+    for b in sz.batches:
+        prompts = prompt_sets[b]
+        if before_batch is not None:
+            before_batch(b)
+        try:
+            base = run_batch(lm, None, 0, prompts, new, graphs)
+        except Exception as e:  # noqa: BLE001
+            part.note(f"batch {b} plain: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        part.row(batch=b, draft="none", k=0, tokens_per_s=base["tokens_per_s"], speedup=1.0, acceptance=None,
+                 rounds=base["rounds"], wall_s=base["wall_s"], captured=base["captured"])
+        for name, drafter in configs:
+            try:
+                m = run_batch(lm, drafter, sz.k, prompts, new, graphs)
+            except Exception as e:  # noqa: BLE001
+                part.note(f"batch {b} {name}: {type(e).__name__}: {str(e)[:300]}")
+                continue
+            sp = m["tokens_per_s"] / base["tokens_per_s"]
+            extra = {}
+            for attr in ("recomputed", "unprepared", "cost"):
+                if hasattr(drafter, attr):
+                    extra[attr] = getattr(drafter, attr)
+            part.row(batch=b, draft=name, k=sz.k, tokens_per_s=m["tokens_per_s"], speedup=sp,
+                     acceptance=m["acceptance"], rounds=m["rounds"], wall_s=m["wall_s"], captured=m["captured"],
+                     **extra)
+            if sp < 1.0 and losing[name] is None:
+                losing[name] = b
+    return losing
+
+
+def synthetic_configs(lm, sz: Sizes, args, all_prompts: list[list[int]], new: int, graphs: bool, part: Part):
+    """The synthetic drafters (one per alpha), prepared outside the timed runs, and a per-batch hook that
+    sets their cost: ``--draft-cost`` x the decode step *as run* (the drafter calibrates on eager steps;
+    with CUDA graphs a step is faster, so its cost factor is scaled by graphed / eager step time)."""
+    from speclab.drafters import make_drafter
+
+    drafters = []
+    for a in sz.alphas:
+        d = make_drafter(f"synthetic:{a}:{args.draft_cost}", lm)
+        spent = d.prepare(all_prompts, new, rows=sz.batches)
+        part.log(f"synthetic:{a} prepared in {spent:.1f}s (oracles + eager step times)")
+        drafters.append((f"synthetic:{a}:{args.draft_cost}", d))
+    cuda = lm.device.type == "cuda"
+
+    def before_batch(b: int) -> None:
+        scale = 1.0
+        if graphs and cuda:
+            ctx = drafters[0][1].context
+            t_graph = decode_step_s(lm, b, ctx, True, max(5, sz.reps // 5))
+            t_eager = drafters[0][1].step_time(b)
+            scale = t_graph / t_eager
+            part.log(f"batch {b}: decode step {t_graph * 1e3:.3f} ms with graphs, {t_eager * 1e3:.3f} ms eager "
+                     f"(calibrated): synthetic cost x{scale:.2f}")
+        for _, d in drafters:
+            d.cost = args.draft_cost * scale
+
+    return drafters, before_batch
+
+
+def sec_crossover_1b(part: Part, args, sz: Sizes) -> None:
+    torch = _torch()
+    dev = sz.device
+    graphs = not args.no_graphs
+    lm = random_llama(sz.big, dev, sz.big_dtype, copy_head=True)
+    part.summary(dims=sz.big, dtype=sz.big_dtype, k=sz.k, prompt_len=sz.prompt_len, new_tokens=sz.new_tokens,
+                 draft_cost=args.draft_cost, cuda_graphs=graphs and dev == "cuda",
+                 static_path=graphs and dev != "cuda")
+    g = torch.Generator().manual_seed(0)
+    V = lm.vocab_size
+    pool = [torch.randint(0, V - 1, (sz.prompt_len,), generator=g).tolist() for _ in range(max(sz.batches))]
+    prompt_sets = {b: pool[:b] for b in sz.batches}
+    configs, before = synthetic_configs(lm, sz, args, pool, sz.new_tokens, graphs, part)
+    cross = crossover_rows(part, lm, configs, prompt_sets, sz, sz.new_tokens, graphs, before)
+    part.summary(crossover_batch=cross, batches=list(sz.batches))
+
+
+def sec_crossover_family(part: Part, args, sz: Sizes) -> None:
+    from speclab.analysis.sweep import cached_model
+    from speclab.defaults import default_draft, default_target
+    from speclab.drafters import make_drafter
+    from speclab.workloads import load_all
+
+    dev = sz.device
+    graphs = not args.no_graphs
+    lm = cached_model(default_target(), device=dev, role="target")
+    texts = [p.prompt for ps in load_all().values() for p in ps]
+    ids = [lm.encode(t)[: 4 * sz.prompt_len] for t in texts]
+    prompt_sets = {b: [ids[i % len(ids)] for i in range(b)] for b in sz.batches}
+    part.summary(target=lm.name, dtype=str(lm.dtype), k=sz.k, new_tokens=sz.family_new, cuda_graphs=graphs,
+                 prompts=len(ids))
+    draft = default_draft()
+    configs = [(draft, make_drafter(draft, lm)), ("ngram", make_drafter("ngram", lm))]
+    synth, before = synthetic_configs(lm, sz, args, ids[: max(sz.batches)], sz.family_new, graphs, part)
+    cross = crossover_rows(part, lm, configs + synth, prompt_sets, sz, sz.family_new, graphs, before)
+    part.summary(crossover_batch=cross, batches=list(sz.batches))
+
+
+# ---------------------------------------------------------------------------------------------- exactness
+def _tiny_models(root: Path) -> tuple[str, str, list[str]]:
+    """A tiny random target and a perturbed-copy draft (partial acceptance), with a character tokenizer."""
+    from speclab.testing import char_tokenizer, tiny_llama
+
+    tok = char_tokenizer()
+    eos = len(tok) - 1
+    tgt = tiny_llama(root / "target", tok, seed=0, layers=2, hidden=64, kv_heads=2, max_pos=256, init=0.2, eos=eos)
+    tiny_llama(root / "draft", tok, seed=1, layers=2, hidden=64, kv_heads=2, max_pos=256, init=0.2, eos=eos,
+               base_state=tgt.state_dict(), noise=0.3)
+    prompts = ["hello world", "the cat sat on the mat", "abc abc abc abc", "speculative decoding works",
+               "quick brown fox", "one two three four"]
+    return str(root / "target"), str(root / "draft"), prompts
+
+
+def _hf_greedy(lm, prompts: list[str], new: int) -> list[list[int]]:
+    torch = _torch()
+    out = []
+    eos = list(lm.eos_token_ids) or None
+    for p in prompts:
+        ids = torch.tensor([lm.encode(p)], device=lm.device)
+        gen = lm.hf_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                   max_new_tokens=new, eos_token_id=eos, pad_token_id=eos[0] if eos else None)
+        out.append(gen[0, ids.shape[1]:].tolist())
+    return out
+
+
+def _greedy(lm, drafter, prompts, k: int, new: int, graphs: bool, batched: bool) -> list[list[int]]:
+    from speclab.engine import SpeculativeDecoder
+
+    dec = SpeculativeDecoder(lm, drafter, cuda_graphs=graphs)
+    if batched:
+        return dec.generate(prompts, k=k, max_new_tokens=new, record=False).output_tokens
+    return [dec.generate([p], k=k, max_new_tokens=new, record=False).output_tokens[0] for p in prompts]
+
+
+def _agreement(a: list[list[int]], b: list[list[int]]) -> tuple[int, float]:
+    """(rows identical, share of b's tokens inside the common prefix of each row)."""
+    same = sum(x == y for x, y in zip(a, b))
+    common = 0
+    for x, y in zip(a, b):
+        n = 0
+        while n < min(len(x), len(y)) and x[n] == y[n]:
+            n += 1
+        common += n
+    return same, common / max(1, sum(len(y) for y in b))
+
+
+def sec_exactness(part: Part, args, sz: Sizes) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_tiny_"))
+    try:
+        exactness(part, sz, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def exactness(part: Part, sz: Sizes, tmp: Path) -> None:
+    torch = _torch()
+    from speclab.defaults import default_draft, default_target
+    from speclab.drafters import make_drafter
+    from speclab.family import resolve
+    from speclab.models import load_model
+    from speclab.workloads import load_all
+
+    dev = sz.device
+    n_p, new, k = sz.exact_prompts, sz.exact_new, sz.k
+    sets = []
+    if resolve(default_target()) is not None:
+        texts = [ps[0].prompt for ps in load_all().values()]
+        sets.append(("family", default_target(), default_draft(), (texts * n_p)[:n_p]))
+    tgt, drf, tiny_prompts = _tiny_models(tmp)
+    sets.append(("tiny", tgt, drf, tiny_prompts[:n_p]))
+    all_ok = True
+    graph_modes = (True, False)  # on CUDA: captured graphs; on the CPU: the static path, run eagerly
+    for label, tname, dname, prompts in sets:
+        lm = load_model(tname, device=dev, dtype=torch.float32, role="target")
+        ref = _hf_greedy(lm, prompts, new)
+        for graphs in graph_modes:
+            plain1 = _greedy(lm, None, prompts, 0, new, graphs, False)
+            plainb = _greedy(lm, None, prompts, 0, new, graphs, True)
+            for dspec in (dname, "ngram"):
+                d = make_drafter(dspec, lm)
+                spec1 = _greedy(lm, d, prompts, k, new, graphs, False)
+                specb = _greedy(lm, d, prompts, k, new, graphs, True)
+                for what, got in (("plain, batch 1 = HF generate", plain1),
+                                  (f"plain, ragged batch {len(prompts)} = HF generate", plainb),
+                                  (f"speculative ({d.name}, k={k}), batch 1 = HF generate", spec1),
+                                  (f"speculative ({d.name}, k={k}), ragged batch = HF generate", specb)):
+                    if dspec == "ngram" and what.startswith("plain"):
+                        continue  # plain rows once per graph mode
+                    same, share = _agreement(got, ref)
+                    ok = same == len(ref)
+                    all_ok &= ok
+                    part.row(models=label, dtype="fp32", cuda_graphs=graphs, check=what,
+                             rows_identical=f"{same}/{len(ref)}", tokens_in_common_prefix=share, ok=ok)
+        del lm
+    # bf16: speculative vs plain on the same device (no HF reference: bf16 sums differ by batch shape)
+    label, tname, dname, prompts = sets[0]
+    lm = load_model(tname, device=dev, dtype=torch.bfloat16, role="target")
+    bf_rows, bf_same, bf_share = 0, 0, []
+    for batched in (False, True):
+        plain = _greedy(lm, None, prompts, 0, new, True, batched)
+        d = make_drafter(dname, lm)
+        spec = _greedy(lm, d, prompts, k, new, True, batched)
+        same, share = _agreement(spec, plain)
+        bf_rows += len(plain)
+        bf_same += same
+        bf_share.append(share)
+        part.row(models=label, dtype="bf16", cuda_graphs=True, check=f"speculative ({d.name}, k={k}) = plain, "
+                 f"{'ragged batch' if batched else 'batch 1'}", rows_identical=f"{same}/{len(plain)}",
+                 tokens_in_common_prefix=share, ok=same == len(plain))
+    part.summary(fp32_identical=all_ok, bf16_rows_identical=f"{bf_same}/{bf_rows}",
+                 bf16_tokens_in_common_prefix=statistics.mean(bf_share))
+
+
+# ---------------------------------------------------------------------------------------------- train
+def _stretch(schedule: tuple, f: float) -> tuple:
+    """A mixing schedule ((from_step, fraction), ...) for f x the steps."""
+    return tuple((int(a * f), x) for a, x in schedule)
+
+
+def train_specs(sz: Sizes):
+    """The stronger family: the shipped specs with ``train_scale`` x the tokens (mixing schedules, given
+    in steps, stretched alike); in the dry run, tiny models for two steps each."""
+    from speclab.family.train import DEFAULT_SPECS
+
+    out = []
+    for s in DEFAULT_SPECS:
+        if sz.train_tiny:
+            out.append(replace(s, hidden=32, layers=1, heads=2, ffn=64, seq=64, batch=4, tokens=2 * 4 * 64,
+                               warmup=1, copy_schedule=((1, 0.25),) if s.copy_schedule else (),
+                               code_schedule=((1, 0.25),) if s.code_schedule else ()))
+            continue
+        f = sz.train_scale if s.role != "mismatched" else 1.0
+        out.append(replace(s, tokens=int(s.tokens * f), copy_schedule=_stretch(s.copy_schedule, f),
+                           code_schedule=_stretch(s.code_schedule, f)))
+    return out
+
+
+def pack(src: Path, out_dir: Path, stem: str, max_parts: int = 4) -> list[str]:
+    """``src`` as a .tar.gz split into PART_BYTES pieces in ``out_dir`` (the device tool returns at most
+    8 files of 16 MiB): join with ``cat stem.tar.gz.part* > stem.tar.gz``."""
+    import tarfile
+
+    blob = out_dir / f"{stem}.tar.gz"
+    with tarfile.open(blob, "w:gz") as tar:
+        tar.add(src, arcname=stem)
+    data = blob.read_bytes()
+    blob.unlink()
+    parts = []
+    n = -(-len(data) // PART_BYTES)
+    if n > max_parts:
+        raise RuntimeError(f"{len(data) / 2**20:.1f} MiB packed is more than {max_parts} parts of 15 MiB")
+    for i in range(n):
+        p = out_dir / f"{stem}.tar.gz.part{i:02d}"
+        p.write_bytes(data[i * PART_BYTES:(i + 1) * PART_BYTES])
+        parts.append(p.name)
+    return parts
+
+
+def sec_train(part: Part, args, sz: Sizes) -> None:
+    from speclab.family import train as tr
+
+    cuda = sz.device == "cuda"
+    fields = tr.TrainConfig.__dataclass_fields__
+    if cuda and "device" not in fields:
+        part.skip("speclab.family.train trains on the CPU only (TrainConfig has no device): a GPU run needs "
+                  "that option first (see docs/gpu.md)")
+        return
+    specs = train_specs(sz)
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_train_"))
+    kw = dict(seed=0, out_dir=work / "family", runs_dir=work / "runs", specs=specs, quality=False,
+              acceptance=False, progress=False, threads=os.cpu_count() or 1)
+    if sz.train_tiny:
+        kw.update(threads=1, vocab_size=512, alt_vocab_size=256, eval_tokens=2000, copy_chars=50_000,
+                  corpus_kwargs=dict(code_chars=150_000, prose_chars=60_000, record_chars=100_000))
+    if "device" in fields:
+        kw["device"] = sz.device
+    cfg = tr.TrainConfig(**kw)
+    part.summary(specs=[dict(name=s.name, tokens=s.tokens, hidden=s.hidden, layers=s.layers) for s in specs],
+                 scale=None if sz.train_tiny else sz.train_scale, device=sz.device)
+    t0 = time.perf_counter()
+    try:
+        report = tr.train_family(cfg, log=part.log)
+        for m in report["models"]:
+            part.row(model=m["name"], role=m["role"], parameters=m["parameters"], tokens_seen=m["tokens_seen"],
+                     heldout_loss=m["heldout_loss"], train_s=m.get("train_seconds"))
+        parts = pack(work / "family", Path(args.out), "train_family")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    part.summary(train_s=round(time.perf_counter() - t0, 1), weights=parts)
+
+
+FUNCS = {"env": sec_env, "kernel": sec_kernel, "roofline": sec_roofline, "crossover-1b": sec_crossover_1b,
+         "exactness": sec_exactness, "crossover-family": sec_crossover_family, "compile": sec_compile,
+         "train": sec_train}
+
+
+# ---------------------------------------------------------------------------------------------- child
+def run_child(args) -> int:
+    sz = Sizes.tiny() if args.dry_run else Sizes()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # loading and saving bars would bury the progress lines
+    hf_logging.set_verbosity_error()
+    if args.dry_run:
+        import torch
+
+        torch.set_num_threads(1)
+    part = Part(Path(args.part), args.child)
+    try:
+        FUNCS[args.child](part, args, sz)
+        if part.data["status"] == "running":
+            part.data["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - recorded, and the parent goes on with the next section
+        part.data["status"] = "failed"
+        part.data["reason"] = f"{type(e).__name__}: {e}"
+        part.data["traceback"] = traceback.format_exc()[-4000:]
+        print(part.data["traceback"], flush=True)
+    part.save()
     return 0
+
+
+# ---------------------------------------------------------------------------------------------- parent
+def select(args) -> list[tuple]:
+    names = [s[0] for s in SECTIONS]
+    only = [x for x in (args.only or "").split(",") if x]
+    skip = [x for x in (args.skip or "").split(",") if x]
+    for x in only + skip:
+        if x not in names:
+            raise SystemExit(f"gpu_check: unknown section '{x}' (sections: {', '.join(names)})")
+    chosen = []
+    for s in SECTIONS:
+        if only and s[0] not in only:
+            continue
+        if s[0] in skip:
+            continue
+        if not only and s[0] in OPT_IN and not args.dry_run:
+            continue
+        chosen.append(s)
+    return chosen
+
+
+def timeouts(args) -> dict:
+    """--timeout S (every section) or NAME=S (one), repeatable."""
+    out = {}
+    for t in args.timeout or []:
+        if "=" in t:
+            k, v = t.split("=", 1)
+            out[k] = float(v)
+        else:
+            out["*"] = float(t)
+    return out
+
+
+def run_section(name: str, args, part_path: Path, limit: float, log) -> tuple[str, float]:
+    """The section in its own process; its output goes to stdout and the log. Returns (how it ended, s)."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--part", str(part_path),
+            "--out", str(args.out), "--bandwidth-gbs", str(args.bandwidth_gbs), "--draft-cost", str(args.draft_cost)]
+    if args.dry_run:
+        argv.append("--dry-run")
+    if args.no_graphs:
+        argv.append("--no-graphs")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    if args.dry_run:
+        env["OMP_NUM_THREADS"] = "1"
+        if name == "kernel":
+            env["TRITON_INTERPRET"] = "1"  # the kernel on the CPU, through Triton's interpreter
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+    def pump():
+        for line in proc.stdout:
+            log(line.rstrip("\n"))
+
+    th = threading.Thread(target=pump, daemon=True)
+    th.start()
+    try:
+        proc.wait(timeout=limit)
+        how = "exited"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the section's own process group (it started a new session)
+        proc.wait()
+        how = "timeout"
+    th.join(timeout=5)
+    return how, time.perf_counter() - t0
+
+
+def headline(sections: dict, dry: bool) -> list[tuple[str, str, str]]:
+    """(metric, value, target) rows for the README."""
+
+    def s(name):
+        return sections.get(name, {}).get("summary", {})
+
+    def f(x, spec):
+        return "n/a" if x is None else format(x, spec)
+
+    rows = []
+    r = s("roofline")
+    if r:
+        rows.append((f"1B decode step, batch 1 ({r.get('dtype')}, {r.get('context')} ctx), eager",
+                     f"{f(r.get('eager_ms'), '.3f')} ms = {f(r.get('fraction_eager'), '.0%')} of roofline "
+                     f"({f(r.get('roofline_ms'), '.3f')} ms)", ""))
+        rows.append(("... with CUDA graphs", f"{f(r.get('graphs_ms'), '.3f')} ms = "
+                     f"{f(r.get('fraction_graphs'), '.0%')} of roofline", ">= 70%"))
+        rows.append(("CUDA-graph speedup, decode step (verify k+1)", f"{f(r.get('graph_speedup'), '.2f')}x "
+                     f"({f(r.get('verify_graph_speedup'), '.2f')}x)", ""))
+    c = s("compile")
+    if c and c.get("compiled_ms") is not None:
+        rows.append((f"... {c.get('mode')}",
+                     f"{f(c.get('compiled_ms'), '.3f')} ms = {f(c.get('fraction_compiled'), '.0%')} of roofline",
+                     ">= 70%"))
+    for name, label in (("crossover-1b", "1B target"), ("crossover-family", "embedded family")):
+        x = s(name).get("crossover_batch")
+        if x:
+            top = max(s(name).get("batches") or [0])
+            val = ", ".join(f"{d}: {b if b is not None else f'none up to {top}'}" for d, b in x.items())
+            rows.append((f"crossover batch (speculation stops paying), {label}", val, ""))
+    k = s("kernel")
+    if k:
+        rows.append(("Triton kernel vs PyTorch reference", f"{k.get('verdict')} ({k.get('cases')} cases, up to "
+                     f"{f(k.get('largest_elements'), ',')} elements)", "exact"))
+    e = s("exactness")
+    if e:
+        rows.append(("greedy identity, fp32 (speculative = plain = HF generate)",
+                     "identical" if e.get("fp32_identical") else "DIFFERENT", "identical"))
+        rows.append(("bf16 speculative vs plain, rows identical", f"{e.get('bf16_rows_identical')} (tokens in common "
+                     f"prefix {f(e.get('bf16_tokens_in_common_prefix'), '.1%')})", ""))
+    if dry:
+        rows = [(m, v + " [dry run]", t) for m, v, t in rows]
+    return rows
+
+
+def write_outputs(out: Path, report: dict) -> None:
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "gpu_check.md").write_text(markdown(report))
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_cell(x)}" for k, x in v.items())
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(report: dict) -> str:
+    lines = ["# GPU check", ""]
+    if report["dry_run"]:
+        lines += ["**Dry run: tiny sizes on the CPU. These numbers are not measurements; they show that every "
+                  "section runs.**", ""]
+    lines += [f"`{report['command']}`  ", f"device: {report.get('device', '?')} · started {report['started']} · "
+              f"{report.get('wall_s', 0):.0f} s of a {report['budget_s']:.0f} s budget", ""]
+    lines += ["| metric | value | target |", "|---|---|---|"]
+    lines += [f"| {_cell(m)} | {_cell(v)} | {_cell(t)} |" for m, v, t in report.get("headline", [])]
+    lines += ["", "## Sections", "", "| section | status | time / budget (s) | notes |", "|---|---|---|---|"]
+    for name, sec in report["sections"].items():
+        why = sec.get("reason") or "; ".join(sec.get("notes", [])[:2])
+        lines.append(f"| {name} | {sec['status']} | {sec.get('wall_s', 0):.0f} / {sec.get('budget_s', 0):.0f} | "
+                     f"{_cell(why)[:300]} |")
+    for name, sec in report["sections"].items():
+        rows = sec.get("rows") or []
+        lines += ["", f"## {name}: {sec.get('title', '')}", ""]
+        if sec.get("summary"):
+            lines.append("summary: " + _cell(sec["summary"]))
+            lines.append("")
+        if not rows:
+            lines.append(f"_{sec['status']}{': ' + sec['reason'] if sec.get('reason') else ''}_")
+            continue
+        cols = []
+        for r in rows:
+            cols += [c for c in r if c not in cols and c != "stats" and c != "graph_stats"]
+        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows]
+        for n in sec.get("notes", []):
+            lines.append(f"\n- {_cell(n)}")
+    return "\n".join(lines) + "\n"
+
+
+def run_parent(args) -> int:
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here (for the CPU rehearsal, add --dry-run)", file=sys.stderr)
+        return 2
+    chosen = select(args)
+    limits = timeouts(args)
+    budget = args.budget if args.budget is not None else (600.0 if args.dry_run else 480.0)
+    logf = open(out / "gpu_check.log", "w", encoding="utf-8")
+    lock = threading.Lock()
+
+    def log(line: str) -> None:
+        with lock:
+            print(line, flush=True)
+            logf.write(line + "\n")
+            logf.flush()
+
+    cmd = "python scripts/gpu_check.py " + " ".join(sys.argv[1:])
+    report = {"command": cmd, "dry_run": args.dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "budget_s": budget, "bandwidth_gbs": args.bandwidth_gbs, "sections": {}, "headline": []}
+    t_start = time.perf_counter()
+    parts = Path(tempfile.mkdtemp(prefix="gpu_check_parts_"))
+    plan = ", ".join(f"{n} {(db if args.dry_run else b)}s" for n, _, b, db in chosen)
+    log(f"gpu_check: {'DRY RUN (CPU, tiny sizes)' if args.dry_run else 'GPU run'}; budget {budget:.0f}s; "
+        f"sections: {plan}")
+    for name, title, b_real, b_dry in chosen:
+        left = budget - (time.perf_counter() - t_start)
+        limit = min(limits.get(name, limits.get("*", b_dry if args.dry_run else b_real)), left)
+        sec = {"title": title, "budget_s": limit}
+        if left < 10:
+            sec.update(status="skipped", reason="no time left in the budget", wall_s=0.0)
+            report["sections"][name] = sec
+            log(f"[{name}] skipped: no time left in the budget")
+            continue
+        log(f"[{name}] {title}: up to {limit:.0f}s ({budget - left:.0f}s of {budget:.0f}s used)")
+        path = parts / f"{name}.json"
+        how, wall = run_section(name, args, path, limit, log)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {"status": "failed", "reason": "the section wrote nothing", "rows": [], "notes": [], "summary": {}}
+        if how == "timeout":
+            data["status"], data["reason"] = "timeout", f"stopped at its budget ({limit:.0f}s); rows so far kept"
+        elif data.get("status") == "running":
+            data["status"], data["reason"] = "failed", "the section's process died"
+        sec.update(data)
+        sec["wall_s"] = wall
+        report["sections"][name] = sec
+        if name == "env":
+            report["device"] = data.get("summary", {}).get("device")
+        report["wall_s"] = time.perf_counter() - t_start
+        report["headline"] = headline(report["sections"], args.dry_run)
+        write_outputs(out, report)
+        log(f"[{name}] {sec['status']} in {wall:.1f}s" + (f": {sec['reason']}" if sec.get("reason") else ""))
+    report["wall_s"] = time.perf_counter() - t_start
+    report["headline"] = headline(report["sections"], args.dry_run)
+    write_outputs(out, report)
+    for m, v, t in report["headline"]:
+        log(f"  {m}: {v}" + (f"   (target {t})" if t else ""))
+    log(f"gpu_check: wrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'} in {report['wall_s']:.0f}s")
+    logf.close()
+    for p in parts.iterdir():
+        p.unlink()
+    parts.rmdir()
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output folder (gpu_check.json, gpu_check.md, gpu_check.log)")
+    ap.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU: every section's code path")
+    ap.add_argument("--only", default=None, help="comma-separated sections to run (train runs only when named)")
+    ap.add_argument("--skip", default=None, help="comma-separated sections to leave out")
+    ap.add_argument("--timeout", action="append", default=None, metavar="[NAME=]SECONDS",
+                    help="a section's time limit (repeatable; without NAME: every section)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="the whole run's limit in seconds (default 480 on the GPU, 600 dry): a section gets at "
+                         "most what is left")
+    ap.add_argument("--bandwidth-gbs", type=float, default=H200_GBS, help="HBM bandwidth (H200: 4800 GB/s)")
+    ap.add_argument("--draft-cost", type=float, default=0.1,
+                    help="synthetic draft step cost, as a fraction of the target's decode step as run")
+    ap.add_argument("--no-graphs", action="store_true", help="crossovers without CUDA graphs")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--part", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return run_child(args)
+    return run_parent(args)
 
 
 if __name__ == "__main__":

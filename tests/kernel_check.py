@@ -1,5 +1,6 @@
 """Run under TRITON_INTERPRET=1 (set before Triton is imported): the Triton acceptance kernel
-against the pure PyTorch reference on random and hand-built inputs. Exits non-zero on mismatch."""
+against the pure PyTorch reference on random and hand-built inputs, and the kernel's offset arithmetic
+at logical sizes past 2^31 elements. Exits non-zero on mismatch."""
 
 import os
 import sys
@@ -8,8 +9,10 @@ assert os.environ.get("TRITON_INTERPRET") == "1"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
-from kernels.rejection import HAVE_TRITON, fused_rejection_sample, triton_available  # noqa: E402
+from kernels.rejection import HAVE_TRITON, fused_rejection_sample, row_offset, triton_available  # noqa: E402
 from speclab.engine.acceptance import rejection_sample  # noqa: E402
 from speclab.engine.sampling import sample_from_probs  # noqa: E402
 
@@ -50,3 +53,36 @@ ref = rejection_sample(torch.tensor([[0]]), dp, tp, torch.tensor([1]), torch.ten
                        torch.tensor([0.7]))
 assert got.next_token.item() == ref.next_token.item() and got.num_accepted.item() == ref.num_accepted.item()
 print(f"kernel ok: {total} rows, {mismatch_tok} boundary mismatches")
+
+# ---- offsets past 2^31 elements. A (B, K+1, V) tensor that large cannot be allocated here, so a probe
+# kernel runs the kernel's own offset function (row_offset) for program ids and sizes where the offsets
+# pass 2^31, and the old int32 arithmetic beside it: the interpreter wraps int32 like the GPU does, so the
+# old formula must come out wrong (the check can fail) and row_offset must come out exact.
+
+
+@triton.jit
+def _offset_probe(out_ptr, b0, i, K, V, WIDE: tl.constexpr):
+    pid = tl.program_id(0)
+    b = b0 + pid  # an int32, as tl.program_id(0) is in the kernel
+    if WIDE:
+        off = row_offset(b, i, K, V)
+    else:
+        off = (b * K + i) * V  # before the fix
+    tl.store(out_ptr + pid, off)
+
+
+# (first b, i, K (= k + 1 for target rows), V): Qwen-sized vocabulary at B = 1800 and k = 7; offsets at
+# 2^31 - V .. 2^31 + V; a 256k vocabulary at B = 2048, k = 31
+OFFSET_CASES = [(1796, 7, 8, 152064), (1023, 7, 8, 262144), (2044, 31, 32, 262144)]
+for b0, i, K, V in OFFSET_CASES:
+    n = 4
+    wide = torch.zeros(n, dtype=torch.int64)
+    narrow = torch.zeros(n, dtype=torch.int64)
+    _offset_probe[(n,)](wide, b0, i, K, V, WIDE=True)
+    _offset_probe[(n,)](narrow, b0, i, K, V, WIDE=False)
+    exact = [((b0 + p) * K + i) * V for p in range(n)]
+    assert wide.tolist() == exact, (b0, i, K, V, wide.tolist(), exact)
+    past = [e >= 2**31 for e in exact]
+    assert any(past), "the case does not pass 2^31"
+    assert all((narrow[p].item() != exact[p]) == past[p] for p in range(n)), (narrow.tolist(), exact)
+print(f"offsets ok: {len(OFFSET_CASES)} cases past 2^31 exact in int64, wrapped in int32 as before the fix")

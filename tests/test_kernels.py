@@ -20,6 +20,7 @@ def test_kernel_matches_reference_in_interpreter():
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "kernel ok" in p.stdout
+    assert "offsets ok" in p.stdout  # int64 offsets past 2^31 elements (row_offset)
 
 
 def test_fallback_without_triton_is_the_reference():
