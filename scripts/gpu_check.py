@@ -786,21 +786,13 @@ def pack(src: Path, out_dir: Path, stem: str, max_parts: int = 4) -> list[str]:
 def sec_train(part: Part, args, sz: Sizes) -> None:
     from speclab.family import train as tr
 
-    cuda = sz.device == "cuda"
-    fields = tr.TrainConfig.__dataclass_fields__
-    if cuda and "device" not in fields:
-        part.skip("speclab.family.train trains on the CPU only (TrainConfig has no device): a GPU run needs "
-                  "that option first (see docs/gpu.md)")
-        return
     specs = train_specs(sz)
     work = Path(tempfile.mkdtemp(prefix="gpu_check_train_"))
     kw = dict(seed=0, out_dir=work / "family", runs_dir=work / "runs", specs=specs, quality=False,
-              acceptance=False, progress=False, threads=os.cpu_count() or 1)
+              acceptance=False, progress=False, threads=os.cpu_count() or 1, device=sz.device)
     if sz.train_tiny:
         kw.update(threads=1, vocab_size=512, alt_vocab_size=256, eval_tokens=2000, copy_chars=50_000,
                   corpus_kwargs=dict(code_chars=150_000, prose_chars=60_000, record_chars=100_000))
-    if "device" in fields:
-        kw["device"] = sz.device
     cfg = tr.TrainConfig(**kw)
     part.summary(specs=[dict(name=s.name, tokens=s.tokens, hidden=s.hidden, layers=s.layers) for s in specs],
                  scale=None if sz.train_tiny else sz.train_scale, device=sz.device)

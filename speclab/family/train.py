@@ -139,6 +139,7 @@ class TrainConfig:
     quality: bool = True
     acceptance: bool = True
     progress: bool = True
+    device: str = "cpu"  # "cuda" trains on a GPU (bf16 autocast there too); the weights are saved the same way
 
 
 # ----------------------------------------------------------------------------------------------
@@ -222,6 +223,27 @@ def encode_corpus(tok, corpus: Corpus) -> Data:
     return Data(encode_docs(tok, corpus.train), encode_docs(tok, corpus.heldout), by_src)
 
 
+def corpus_data(corpus: Corpus, tok, kind: str, runs_dir: Path, seed: int, copy_chars: int, log=print) -> Data:
+    """The token streams every model trains on (general, held-out per source, copy-heavy, code only),
+    encoded once and cached in ``runs_dir`` (also used by the self-drafting heads, speclab.family.heads)."""
+    fp, tid = corpus.fingerprint(), tokenizer_id(tok)
+    path = Path(runs_dir) / f"data-{kind}-{fp}-{tid}.npz"
+    if path.exists():
+        z = np.load(path)
+        data = Data(z["train"], z["heldout"], {k[3:]: z[k] for k in z.files if k.startswith("ho_")})
+    else:
+        data = encode_corpus(tok, corpus)
+        np.savez(path, train=data.train, heldout=data.heldout,
+                 **{"ho_" + k: v for k, v in data.heldout_by_source.items()})
+    data.copy = _cached_stream(Path(runs_dir) / f"copy2-{kind}-{fp}-{tid}.npy", lambda: encode_docs(
+        tok, copy_documents(corpus.train, seed, copy_chars)))
+    data.code = _cached_stream(Path(runs_dir) / f"code-{kind}-{fp}-{tid}.npy", lambda: encode_docs(
+        tok, [d for d in corpus.train if d.source == "code"]))
+    log(f"data {kind}: {len(data.train):,} train tokens, {len(data.heldout):,} held-out, "
+        f"{len(data.copy):,} copy-heavy, {len(data.code):,} code")
+    return data
+
+
 def batch_at(data: np.ndarray, seed: int, step: int, batch: int, seq: int) -> torch.Tensor:
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, len(data) - seq - 1, size=batch)
@@ -273,7 +295,7 @@ def heldout_loss(model, data: np.ndarray, seq: int, max_tokens: int) -> float:
     tot, cnt = 0.0, 0
     for i in range(0, chunks, 8):
         rows = [data[j * seq : j * seq + seq + 1].astype(np.int64) for j in range(i, min(i + 8, chunks))]
-        x = torch.from_numpy(np.stack(rows))
+        x = torch.from_numpy(np.stack(rows)).to(next(model.parameters()).device)
         logits = model(input_ids=x[:, :-1]).logits.float()
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="sum")
         tot += loss.item()
@@ -289,7 +311,7 @@ def save_model_dir(model, tok, directory: Path) -> None:
     tmp = directory.with_name(directory.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    m = copy.deepcopy(model).to(torch.float16)
+    m = copy.deepcopy(model).to("cpu", torch.float16)
     m.save_pretrained(str(tmp), safe_serialization=True)
     cfg_path = tmp / "config.json"
     cfg = json.loads(cfg_path.read_text())
@@ -323,18 +345,20 @@ def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, 
     run.mkdir(parents=True, exist_ok=True)
     ckpt = run / "state.ckpt"
     seed = cfg.seed * 1000 + sum(map(ord, spec.seed_name or spec.name))
+    dev = torch.device(cfg.device)
     model = new_model(spec, vocab, eot, seed)
     if init_state is not None:
         model.load_state_dict(init_state)
+    model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=spec.weight_decay)
     step = 0
     ident = {"spec": spec.resume_key(), "seed": cfg.seed, "tokenizer": tokenizer_id(tok)}
     if teacher is not None:  # a checkpoint distilled from another teacher is not resumable
         ident["teacher"] = hashlib.sha256(b"".join(
-            p.detach().float().numpy().tobytes()[:4096] for p in teacher.parameters())).hexdigest()[:12]
+            p.detach().float().cpu().numpy().tobytes()[:4096] for p in teacher.parameters())).hexdigest()[:12]
     if ckpt.exists():
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        state = torch.load(ckpt, map_location=dev, weights_only=False)
         if state.get("ident") == ident and state["step"] <= total_steps:
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
@@ -344,7 +368,7 @@ def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, 
             log(f"[{spec.name}] checkpoint is for a different spec; starting over")
     model.train()
     if teacher is not None:
-        teacher.eval()
+        teacher.to(dev).eval()
 
     from tqdm.auto import tqdm
 
@@ -363,14 +387,15 @@ def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, 
         if spec.code_fraction_at(step) > 0 and data.code is not None:
             n_code = max(1, round(spec.batch * spec.code_fraction_at(step)))
             x[n_copy : n_copy + n_code] = batch_at(data.code, seed + 2, step, n_code, spec.seq)
+        x = x.to(dev, non_blocking=True)
         inp, tgt = x[:, :-1], x[:, 1:]
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total_steps, spec)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.bf16):
             logits = model(input_ids=inp).logits
         logits = logits.float().reshape(-1, vocab)
         if teacher is not None:
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                 t_logits = teacher(input_ids=inp).logits
             t_logp = F.log_softmax(t_logits.float().reshape(-1, vocab), dim=-1)
             s_logp = F.log_softmax(logits, dim=-1)
@@ -583,23 +608,7 @@ def train_family(cfg: TrainConfig, log=print) -> dict:
 
     def get_data(kind: str) -> Data:
         if kind not in data:
-            path = cfg.runs_dir / f"data-{kind}-{fp}-{tokenizer_id(toks[kind])}.npz"
-            if path.exists():
-                z = np.load(path)
-                data[kind] = Data(z["train"], z["heldout"],
-                                  {k[3:]: z[k] for k in z.files if k.startswith("ho_")})
-            else:
-                d = encode_corpus(toks[kind], corpus)
-                np.savez(path, train=d.train, heldout=d.heldout,
-                         **{"ho_" + k: v for k, v in d.heldout_by_source.items()})
-                data[kind] = d
-            tid = tokenizer_id(toks[kind])
-            data[kind].copy = _cached_stream(cfg.runs_dir / f"copy2-{kind}-{fp}-{tid}.npy", lambda: encode_docs(
-                toks[kind], copy_documents(corpus.train, cfg.seed, cfg.copy_chars)))
-            data[kind].code = _cached_stream(cfg.runs_dir / f"code-{kind}-{fp}-{tid}.npy", lambda: encode_docs(
-                toks[kind], [d for d in corpus.train if d.source == "code"]))
-            log(f"data {kind}: {len(data[kind].train):,} train tokens, {len(data[kind].heldout):,} held-out, "
-                f"{len(data[kind].copy):,} copy-heavy, {len(data[kind].code):,} code")
+            data[kind] = corpus_data(corpus, toks[kind], kind, cfg.runs_dir, cfg.seed, cfg.copy_chars, log)
         return data[kind]
 
     manifest_path = cfg.out_dir / "family.json"
@@ -736,13 +745,21 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-quality", action="store_true")
     p.add_argument("--no-acceptance", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (a GPU: scale the budgets with --minutes-scale)")
+    p.add_argument("--heads", action="store_true",
+                   help="train the self-drafting heads (EAGLE, Medusa, early-exit adapter) on the shipped target "
+                        "instead of the models (speclab.family.heads; --only picks heads by name)")
 
 
 def run_from_args(args) -> int:
+    if getattr(args, "heads", False):
+        from .heads import run_from_args as run_heads
+
+        return run_heads(args)
     cfg = TrainConfig(seed=args.seed, out_dir=args.out, runs_dir=args.runs, minutes_scale=args.minutes_scale,
                       only=args.only, threads=args.threads, bf16=not args.no_bf16,
                       quality=not args.no_quality, acceptance=not args.no_acceptance,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, device=args.device)
     train_family(cfg, log=lambda s: print(s, flush=True))
     return 0
 
