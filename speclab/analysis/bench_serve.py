@@ -1,0 +1,355 @@
+"""``speclab bench --serve``: the serving benchmark. It starts ``speclab serve`` twice (plain decoding and
+speculative: the family's default draft at k = 4 unless flags say otherwise), runs the load tool
+(:mod:`speclab.load`, the one load generator) at concurrency 1, 2, 4, ... per workload, plain and
+speculative interleaved level by level (both servers up at once, so machine noise hits both alike),
+until plain decoding saturates (throughput grows < 10% when concurrency doubles) or at the levels
+given, and reports throughput, TTFT, TPOT and p95 E2E side by side, the concurrency at which
+speculation stops paying (output tokens/s below plain's), and a greedy-output identity check: every
+server output equals the solo ``speclab generate -k 0`` output of the same prompt (and vLLM's, with
+``--peer vllm``).
+
+``--peer vllm --vllm-venv PATH`` runs the same load against vLLM's CPU build started from that venv
+(plain, then with the same draft), one server at a time; without the venv it is skipped with a message.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..errors import SpeclabError
+
+SATURATION_GAIN = 1.10  # doubling concurrency must raise plain tokens/s by 10% to count as not saturated
+
+
+def add_serve_arguments(b) -> None:
+    """The ``--serve`` flags on ``speclab bench`` (the others it reads: --workload, --k, --draft, --target,
+    --max-new-tokens, --seed, --threads, --json, --full, --quiet)."""
+    b.add_argument("--serve", action="store_true", help="serving benchmark: speclab serve plain vs speculative at "
+                   "rising concurrency (json,code unless --workload; --full: every workload, more tokens and levels)")
+    b.add_argument("--concurrency", default=None, help="--serve: concurrency levels (default 1,2,4,... until plain "
+                   "decoding saturates, at most --max-concurrency)")
+    b.add_argument("--max-concurrency", type=int, default=None, help="--serve: highest level of the doubling "
+                   "(default 16; --full 64)")
+    b.add_argument("--requests", type=int, default=None, help="--serve: requests per level (default max(4, 2 x "
+                   "concurrency); --full max(8, 4 x concurrency))")
+    b.add_argument("--speculative-config", default=None, metavar="JSON", help="--serve: the speculative server's "
+                   "--speculative-config (default: --draft or the family's default draft, k = --k)")
+    b.add_argument("--spec-policy", default=None, help="--serve: the speculative server's draft-length policy")
+    b.add_argument("--peer", choices=("vllm",), default=None, help="--serve: also run the same load against vLLM")
+    b.add_argument("--vllm-venv", default=None, metavar="PATH", help="--serve --peer vllm: vLLM's venv (default "
+                   "$SPECLAB_VLLM_VENV or /work/vllm-venv)")
+    b.add_argument("--charts", default=None, metavar="DIR", help="--serve: write Altair charts (HTML) into DIR")
+
+
+def levels_to_run(spec: str | None, max_c: int) -> list[int] | None:
+    """The fixed list from --concurrency, or None for the doubling that stops at saturation."""
+    if spec is None:
+        return None
+    from ..load.shapes import concurrency_levels
+
+    return [int(lv.value) for lv in concurrency_levels(spec)]
+
+
+def doubling(max_c: int) -> list[int]:
+    out, c = [], 1
+    while c <= max_c:
+        out.append(c)
+        c *= 2
+    return out
+
+
+def saturated(prev_tok_s: float | None, tok_s: float | None) -> bool:
+    """Plain decoding has saturated when doubling concurrency raised its tokens/s by less than 10%."""
+    return prev_tok_s is not None and tok_s is not None and tok_s < SATURATION_GAIN * prev_tok_s
+
+
+def crossover(rows: list[dict], a: str = "speclab plain", b: str = "speclab speculative") -> dict:
+    """Per workload: the lowest concurrency from which ``b``'s output tokens/s stays below ``a``'s at every
+    level measured (speculation stops paying, and a noisy dip that recovers at the next level does not
+    count), or None when speculation pays at the highest level measured."""
+    out = {}
+    for wl in dict.fromkeys(r["workload"] for r in rows):
+        by_c: dict[int, dict] = {}
+        for r in rows:
+            if r["workload"] == wl:
+                by_c.setdefault(r["concurrency"], {})[r["server"]] = r
+        both = sorted(c for c, d in by_c.items() if a in d and b in d and d[a]["tok_s"] and d[b]["tok_s"] is not None)
+        at = None
+        for c in reversed(both):  # walk down from the top while speculation loses
+            if by_c[c][b]["tok_s"] >= by_c[c][a]["tok_s"]:
+                break
+            at = c
+        out[wl] = {"stops_paying_at": at, "highest_measured": both[-1] if both else None,
+                   "speedup": {c: by_c[c][b]["tok_s"] / by_c[c][a]["tok_s"] for c in both}}
+    return out
+
+
+def identity(outputs: dict[str, dict[str, set]], solo: dict[str, str]) -> dict:
+    """Greedy outputs per server ({server: {prompt id: {texts seen}}}) against the solo generation of each
+    prompt: identical means one text per prompt per server, equal to the solo one."""
+    out = {"prompts": len(solo), "servers": {}}
+    for server, per in outputs.items():
+        bad = []
+        for pid, texts in per.items():
+            if pid in solo and texts != {solo[pid]}:
+                bad.append({"prompt": pid, "solo": solo[pid][:80], "server": sorted(t[:80] for t in texts)})
+        checked = sum(1 for pid in per if pid in solo)
+        out["servers"][server] = {"prompts_checked": checked, "identical": checked - len(bad), "mismatches": bad[:5]}
+    return out
+
+
+def _row(server: str, workload: str, c: int, level: dict) -> dict:
+    s = level["summary"]
+
+    def get(key, stat):
+        return (s.get(key) or {}).get(stat)
+
+    return {"server": server, "workload": workload, "concurrency": c, "completed": s["completed"],
+            "failed": s["failed"], "tok_s": s["output_throughput"], "req_s": s["request_throughput"],
+            "ttft_p50_ms": get("ttft_ms", "p50"), "ttft_mean_ms": get("ttft_ms", "mean"),
+            "tpot_mean_ms": get("tpot_ms", "mean"), "tpot_p95_ms": get("tpot_ms", "p95"),
+            "e2e_p95_ms": get("e2e_ms", "p95"), "pacing": level["fingerprint"]["call"],
+            "tokens_per_burst": level["fingerprint"]["mean_tokens_per_burst"],
+            "server_acceptance_length": ((level.get("server") or {}).get("spec_decode") or {}).get(
+                "mean_acceptance_length")}
+
+
+def _fmt(x, spec=".1f"):
+    return "-" if x is None else format(x, spec)
+
+
+def format_table(rows: list[dict], servers: list[str]) -> str:
+    lines = []
+    for wl in dict.fromkeys(r["workload"] for r in rows):
+        lines.append(f"workload {wl}   (tok/s = output tokens/s; TTFT p50, TPOT mean, E2E p95 in ms)")
+        head = f"{'conc':>5}"
+        for s in servers:
+            head += f" | {s[:22]:<22}{'tok/s':>7}{'TTFT':>7}{'TPOT':>7}{'E2E95':>8}"
+        lines.append(head)
+        by_c: dict[int, dict] = {}
+        for r in rows:
+            if r["workload"] == wl:
+                by_c.setdefault(r["concurrency"], {})[r["server"]] = r
+        for c in sorted(by_c):
+            line = f"{c:>5}"
+            for s in servers:
+                r = by_c[c].get(s)
+                if r is None:
+                    line += f" | {'':<22}{'-':>7}{'-':>7}{'-':>7}{'-':>8}"
+                    continue
+                fail = f" {r['failed']} failed" if r["failed"] else ""
+                line += (f" | {(r['pacing'] + fail)[:22]:<22}{_fmt(r['tok_s']):>7}{_fmt(r['ttft_p50_ms']):>7}"
+                         f"{_fmt(r['tpot_mean_ms'], '.2f'):>7}{_fmt(r['e2e_p95_ms'], '.0f'):>8}")
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _spec_config(args) -> dict:
+    if args.speculative_config:
+        try:
+            spec = json.loads(args.speculative_config)
+        except ValueError as e:
+            raise SpeclabError(f"--speculative-config is not JSON: {e}") from None
+        if not isinstance(spec, dict):
+            raise SpeclabError("--speculative-config for --serve must be a JSON object")
+        return spec
+    from ..defaults import default_draft
+
+    draft = args.draft or default_draft()
+    if draft == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": args.k}
+    return {"method": "draft_model", "model": draft, "num_speculative_tokens": args.k}
+
+
+def _vllm_spec(spec: dict) -> tuple[dict | None, str | None]:
+    """speclab's speculative config in vLLM's terms (draft models as directories), or (None, why not)."""
+    from ..family import resolve
+
+    method = spec.get("method")
+    k = spec.get("num_speculative_tokens", 4)
+    if method == "draft_model":
+        path = resolve(spec.get("model", "")) or spec.get("model")
+        if not path or not Path(path).is_dir():
+            return None, f"draft {spec.get('model')!r} is not a local directory vLLM can load"
+        return {"method": "draft_model", "model": str(path), "num_speculative_tokens": k}, None
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k,
+                "prompt_lookup_max": spec.get("prompt_lookup_max", 5),
+                "prompt_lookup_min": spec.get("prompt_lookup_min", 5)}, None
+    return None, f"vLLM has no equivalent of method {method!r}"
+
+
+def _solo_outputs(target_name: str, prompts: dict, max_tokens: int, threads: int | None) -> tuple[dict, dict]:
+    """Greedy solo generation (what ``speclab generate -k 0`` does) of each prompt, and its tokens/s."""
+    from ..defaults import setup_threads
+    from ..engine import SpeculativeDecoder
+    from ..models import load_model
+
+    target = load_model(target_name, device="cpu", role="target")
+    setup_threads(threads, target)
+    dec = SpeculativeDecoder(target, None)
+    dec.generate(["warm up"], k=0, max_new_tokens=4, record=False)
+    texts, tokens, wall = {}, 0, 0.0
+    for pid, text in prompts.items():
+        t0 = time.perf_counter()
+        res = dec.generate([text], k=0, max_new_tokens=max_tokens, temperature=0.0)
+        wall += time.perf_counter() - t0
+        texts[pid] = res.texts[0]
+        tokens += res.output_tokens[0] if isinstance(res.output_tokens[0], int) else len(res.output_tokens[0])
+    return texts, {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall else None}
+
+
+def run_serve_bench(args) -> int:
+    from ..defaults import default_target
+    from ..load import Endpoint, LoadSpec, concurrency_levels, run
+    from ..load.prompts import load_prompts
+    from ..load.servers import speclab_serve, vllm_serve, vllm_venv
+    from ..workloads import workload_names
+
+    full = bool(args.full)
+    target = args.target or default_target()
+    workloads = workload_names(args.workload) if args.workload is not None or full else ["json", "code"]
+    max_c = args.max_concurrency or (64 if full else 16)
+    fixed = levels_to_run(args.concurrency, max_c)
+    max_tokens = args.max_new_tokens if args.max_new_tokens != 64 or full else 32
+    spec = _spec_config(args)
+    quiet = args.quiet
+    log = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+
+    def n_requests(c):
+        if args.requests:
+            return args.requests
+        return max(8, 4 * c) if full else max(4, 2 * c)
+
+    peer = None
+    if args.peer == "vllm":
+        venv = vllm_venv(args.vllm_venv)
+        if venv is None:
+            print(f"speclab bench --serve: vLLM peer skipped: no venv at {args.vllm_venv or 'the default'} "
+                  f"(set it up with scripts/setup_vllm)")
+        else:
+            peer = venv
+
+    prompts_by_wl = {wl: load_prompts(wl) for wl in workloads}
+    rows: list[dict] = []
+    results: dict = {}
+    outputs: dict[str, dict[str, set]] = {}
+    texts_of: dict[str, str] = {}
+    levels_by_wl: dict[str, list[int]] = {}
+
+    def measure(server_name, url, wl, c, warm, model=None):
+        ep = Endpoint(url, model=model, max_tokens=max_tokens, temperature=0.0, timeout=300.0)
+        ls = LoadSpec(levels=concurrency_levels(str(c)), prompts=prompts_by_wl[wl], num_requests=n_requests(c),
+                      seed=args.seed, warmup=1 if warm else 0, quiet=True, tokenizer=target)
+        res = run(ep, ls)
+        level = res["levels"][0]
+        for r in level["requests"]:
+            if r["ok"]:
+                outputs.setdefault(server_name, {}).setdefault(r["prompt_id"], set()).add(r["text"])
+        for p in prompts_by_wl[wl]:
+            texts_of[p.id] = p.prompt
+        results.setdefault(server_name, {}).setdefault(wl, {})[c] = {k: v for k, v in level.items() if k != "requests"}
+        row = _row(server_name, wl, c, level)
+        rows.append(row)
+        log(f"  {server_name:<26} {wl:<10} c={c:<3} {_fmt(row['tok_s']):>7} tok/s  "
+            f"TPOT {_fmt(row['tpot_mean_ms'], '.2f')}"
+            f" ms  {row['pacing']}{'  ' + str(row['failed']) + ' failed' if row['failed'] else ''}")
+        return row
+
+    t_start = time.perf_counter()
+    log(f"speclab bench --serve: target {target}, speculative {json.dumps(spec)}, workloads {','.join(workloads)}, "
+        f"max_tokens {max_tokens}, concurrency {fixed or f'1,2,4,... up to {max_c} until plain saturates'}")
+    plain_srv = spec_srv = None
+    try:
+        plain_srv = speclab_serve(target, "none", threads=args.threads or 1)
+        spec_srv = speclab_serve(target, spec, policy=args.spec_policy, threads=args.threads or 1)
+        log(f"servers up (plain {plain_srv.started_s:.0f} s, speculative {spec_srv.started_s:.0f} s)")
+        for wl in workloads:
+            prev = None
+            done = []
+            for i, c in enumerate(fixed or doubling(max_c)):
+                p = measure("speclab plain", plain_srv.url, wl, c, warm=i == 0)
+                measure("speclab speculative", spec_srv.url, wl, c, warm=i == 0)
+                done.append(c)
+                if fixed is None and saturated(prev, p["tok_s"]):
+                    log(f"  plain decoding saturated on {wl} at concurrency {c}")
+                    break
+                prev = p["tok_s"]
+            levels_by_wl[wl] = done
+    finally:
+        for srv in (plain_srv, spec_srv):
+            if srv is not None:
+                srv.stop()
+    servers = ["speclab plain", "speclab speculative"]
+    vllm_notes = []
+    if peer is not None:
+        from ..family import resolve
+
+        model_dir = resolve(target) or target
+        vspec, why = _vllm_spec(spec)
+        for name, sc in (("vllm plain", None), ("vllm speculative", vspec)):
+            if name == "vllm speculative" and vspec is None:
+                vllm_notes.append(f"vllm speculative skipped: {why}")
+                continue
+            log(f"starting {name} from {peer} (about 1-3 minutes) ...")
+            srv = None
+            try:
+                srv = vllm_serve(peer, str(model_dir), sc)
+                log(f"{name} up after {srv.started_s:.0f} s")
+                for wl in workloads:
+                    for i, c in enumerate(levels_by_wl[wl]):
+                        measure(name, srv.url, wl, c, warm=i == 0, model=str(model_dir))
+                servers.append(name)
+            except SpeclabError as e:
+                vllm_notes.append(f"{name} failed: {e}")
+                print(f"speclab bench --serve: {name} failed: {e}")
+            finally:
+                if srv is not None:
+                    srv.stop()
+    log("solo greedy generation of every prompt sent (the identity oracle) ...")
+    solo, solo_speed = _solo_outputs(target, {pid: texts_of[pid] for srv in outputs.values() for pid in srv},
+                                     max_tokens, args.threads)
+    ident = identity(outputs, solo)
+    cross = crossover(rows)
+    result = {"target": target, "speculative_config": spec, "spec_policy": args.spec_policy, "workloads": workloads,
+              "max_tokens": max_tokens, "levels": levels_by_wl, "rows": rows, "crossover": cross,
+              "identity": ident, "solo_generate": solo_speed, "vllm_notes": vllm_notes,
+              "wall_s": time.perf_counter() - t_start, "load_results": results}
+    if "vllm plain" in servers:
+        result["crossover_vllm"] = crossover(rows, "vllm plain", "vllm speculative")
+    print(format_table(rows, servers))
+    for who, cx_all in (("speclab", cross), ("vllm", result.get("crossover_vllm") or {})):
+        for wl, cx in cx_all.items():
+            at = cx["stops_paying_at"]
+            sp = ", ".join(f"c{c}: {v:.2f}x" for c, v in cx["speedup"].items())
+            print(f"{who} {wl}: " + (f"speculation stops paying at concurrency {at}" if at is not None else
+                                     f"speculation pays at every level measured (up to concurrency "
+                                     f"{cx['highest_measured']})") + f"   (speculative / plain tokens/s: {sp})")
+    c1 = [r for r in rows if r["server"] == "speclab plain" and r["concurrency"] == 1 and r["tok_s"]]
+    if c1 and solo_speed["tok_s"]:
+        mean_c1 = sum(r["tok_s"] for r in c1) / len(c1)
+        print(f"server overhead: plain at concurrency 1 gives {mean_c1:.1f} tok/s, solo generate -k 0 "
+              f"{solo_speed['tok_s']:.1f} tok/s on the same prompts ({mean_c1 / solo_speed['tok_s']:.2f}x)")
+    for server, d in ident["servers"].items():
+        print(f"greedy identity, {server}: {d['identical']} of {d['prompts_checked']} prompts identical to solo "
+              f"generation" + (f"; first mismatch {d['mismatches'][0]}" if d["mismatches"] else ""))
+    for n in vllm_notes:
+        print(f"note: {n}")
+    print(f"({result['wall_s']:.0f} s)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1, default=list))
+        print(f"wrote {args.json}")
+    if args.charts:
+        from ..load.charts import load_chart
+
+        out = Path(args.charts)
+        out.mkdir(parents=True, exist_ok=True)
+        for wl in workloads:
+            sub = [dict(r, value=r["concurrency"]) for r in rows if r["workload"] == wl]
+            path = out / f"serve_{wl}.html"
+            load_chart(sub, series="server", title=f"workload {wl}").save(path)
+            print(f"wrote {path}")
+    return 0

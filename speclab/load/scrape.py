@@ -1,0 +1,144 @@
+"""Server-side acceptance and latency from ``/metrics``, over a run's window (scrape before, scrape after).
+
+vLLM exports raw spec-decode counters (``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``,
+``..._num_accepted_tokens``, ``..._num_accepted_tokens_per_pos{position=i}``; ``_total`` on the wire),
+and rates are derived here from the differences over the window, as vLLM's own dashboards do:
+
+* acceptance rate = accepted tokens / draft tokens;
+* mean acceptance length = 1 + accepted tokens / drafts (tokens per verification round, bonus included);
+* per-position acceptance = accepted at position i / drafts.
+
+SGLang exports gauges instead (``sglang:spec_accept_length``, ``sglang:spec_accept_rate``): current
+values, not counters, so a window cannot be formed; the value after the run is reported as such.
+
+Latency histograms with vLLM's names (``vllm:time_to_first_token_seconds``, ``..inter_token_latency..``,
+``..e2e_request_latency..``, ``..request_time_per_output_token..``) give the server's own means over the
+window (sum and count differences), to set beside the client's. Samples with several label sets (model,
+engine) are summed.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+SPEC = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+        "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+GENERATION_TOKENS = "vllm:generation_tokens"
+HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
+              "e2e": "vllm:e2e_request_latency_seconds", "tpot": "vllm:request_time_per_output_token_seconds"}
+SGLANG = {"accept_length": "sglang:spec_accept_length", "accept_rate": "sglang:spec_accept_rate"}
+
+
+def parse(text: str) -> dict:
+    """Prometheus text -> {sample name without ``_total``: {frozenset(labels minus model/engine...): value}}.
+    ``_created`` samples are dropped."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            name = s.name
+            if name.endswith("_created"):
+                continue
+            if name.endswith("_total"):
+                name = name[: -len("_total")]
+            key = frozenset((k, v) for k, v in s.labels.items() if k in ("position", "le"))
+            d = out.setdefault(name, {})
+            d[key] = d.get(key, 0.0) + float(s.value)
+    return out
+
+
+def _value(samples: dict, name: str) -> float | None:
+    d = samples.get(name)
+    return None if not d else sum(d.values())
+
+
+def _per_position(samples: dict) -> dict[int, float]:
+    out = {}
+    for key, v in (samples.get(PER_POS) or {}).items():
+        pos = dict(key).get("position")
+        if pos is not None:
+            out[int(pos)] = out.get(int(pos), 0.0) + v
+    return out
+
+
+def window(before: dict | None, after: dict) -> dict:
+    """What the server reports for the window between two parsed scrapes (``before`` None: since start).
+
+    Returns {"spec_decode": counters and derived rates or None, "sglang": gauges or None,
+    "generation_tokens", "server_latency_ms": {ttft, itl, e2e, tpot: window means} }."""
+    before = before or {}
+
+    def delta(name):
+        a = _value(after, name)
+        return None if a is None else a - (_value(before, name) or 0.0)
+
+    out: dict = {"spec_decode": None, "sglang": None, "generation_tokens": delta(GENERATION_TOKENS),
+                 "server_latency_ms": {}}
+    counts = {k: delta(v) for k, v in SPEC.items()}
+    if all(v is not None for v in counts.values()):
+        pa, pb = _per_position(after), _per_position(before)
+        per_pos = [pa[i] - pb.get(i, 0.0) for i in sorted(pa)]
+        drafts, dt, acc = counts["drafts"], counts["draft_tokens"], counts["accepted_tokens"]
+        out["spec_decode"] = {
+            "drafts": drafts, "draft_tokens": dt, "accepted_tokens": acc, "accepted_per_position": per_pos,
+            "acceptance_rate": acc / dt if dt else None,
+            "mean_acceptance_length": 1.0 + acc / drafts if drafts else None,
+            "per_position_acceptance": [a / drafts for a in per_pos] if drafts else None,
+        }
+    sg = {k: _value(after, v) for k, v in SGLANG.items()}
+    if any(v is not None for v in sg.values()):
+        out["sglang"] = dict(sg, note="gauges: the server's current value after the run, not a window")
+    for key, name in HISTOGRAMS.items():
+        s, c = delta(name + "_sum"), delta(name + "_count")
+        if s is not None and c:
+            out["server_latency_ms"][key] = {"mean": s / c * 1000.0, "n": c}
+    return out
+
+
+async def fetch(client: httpx.AsyncClient, base_url: str,
+                headers: dict | None = None) -> tuple[dict | None, str | None]:
+    """(parsed /metrics, None) or (None, why not): a server without /metrics is not an error."""
+    try:
+        r = await client.get(f"{base_url}/metrics", headers=headers or {}, timeout=10.0)
+    except httpx.HTTPError as e:
+        return None, f"/metrics unreachable: {type(e).__name__}"
+    if r.status_code != 200:
+        return None, f"/metrics answered HTTP {r.status_code}"
+    try:
+        return parse(r.text), None
+    except ValueError as e:
+        return None, f"/metrics is not Prometheus text: {str(e)[:100]}"
+
+
+def latency_agreement(summary: dict, server: dict) -> dict:
+    """Client means (ms) beside the server's histogram means over the same window, with client / server.
+    Caveats: a server's TTFT starts when it admits the request (the client's includes HTTP and queueing
+    before that), and a server's ITL histogram is per engine step, which equals the client's ``itl`` (per
+    chunk) only when each chunk carries one step."""
+    out = {}
+    for key, (ours, theirs) in {"ttft": ("ttft_ms", "ttft"), "itl": ("itl_ms", "itl"), "tpot": ("tpot_ms", "tpot"),
+                                "e2e": ("e2e_ms", "e2e")}.items():
+        c = (summary.get(ours) or {}).get("mean")
+        s = (server.get("server_latency_ms") or {}).get(theirs, {}).get("mean")
+        if c is not None and s:
+            out[key] = {"client_ms": c, "server_ms": s, "ratio": c / s}
+    return out
+
+
+def compare(server: dict, outside: float | None) -> dict | None:
+    """The server's mean acceptance length beside the client's outside estimate (fingerprint's
+    ``accepted_length_estimate``).
+    They measure the same thing only when every round drafts: vLLM's counters (and speclab's) count
+    ``drafts`` = rounds that proposed at least one token, while the outside estimate averages over every
+    round, so rounds without a draft (n-gram lookup finding no match, a policy choosing k = 0) pull the
+    outside figure towards 1."""
+    spec = server.get("spec_decode") or {}
+    inside = spec.get("mean_acceptance_length")
+    if inside is None and server.get("sglang"):
+        inside = server["sglang"].get("accept_length")
+    if inside is None or outside is None:
+        return None
+    return {"server_mean_acceptance_length": inside, "outside_estimate": outside,
+            "ratio": outside / inside if inside else None}

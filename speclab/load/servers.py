@@ -1,0 +1,148 @@
+"""Servers to measure, started as child processes: ``speclab serve`` and vLLM's OpenAI server from its own
+virtual environment (see docs/vllm.md). Each runs in its own session and is stopped as a process group
+(SIGTERM, then SIGKILL), so nothing is left behind, also when the caller fails.
+
+Used by ``speclab bench --serve`` and the load tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from ..errors import SpeclabError
+
+VLLM_VENV_ENV = "SPECLAB_VLLM_VENV"
+DEFAULT_VLLM_VENV = "/work/vllm-venv"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ManagedServer:
+    """A server child process: ``url`` once healthy; ``stop()`` (or leaving the ``with`` block) ends it."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, env: dict | None = None, start_timeout: float = 180.0):
+        self.name, self.cmd, self.port = name, cmd, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = Path(tempfile.mkdtemp(prefix="speclab-server-")) / f"{name}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        full_env = dict(os.environ, **(env or {}))
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,
+                                     start_new_session=True)
+        self.started_s = None
+        try:
+            self._wait_healthy(start_timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self, timeout: float) -> None:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise SpeclabError(f"{self.name} exited with status {self.proc.returncode} before it was healthy: "
+                                   f"{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    self.started_s = time.perf_counter() - t0
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise SpeclabError(f"{self.name} was not healthy after {timeout:.0f} s (log: {self.log_path}): "
+                           f"{self.log_tail()}")
+
+    def log_tail(self, lines: int = 1) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-lines:])[:400]
+
+    def terminate(self) -> None:
+        """Ask the server to stop (SIGTERM to its group) without waiting; :meth:`stop` then waits."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+            except ProcessLookupError:
+                pass
+        # the group may hold children that outlive the leader (vLLM's engine core and workers)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def speclab_serve(model: str | None = None, speculative_config: dict | str | None = None, *, policy: str | None = None,
+                  threads: int | None = 1, split_tokens: bool = False, port: int | None = None,
+                  extra: list[str] | None = None, start_timeout: float = 180.0) -> ManagedServer:
+    """Start ``python -m speclab serve`` (``speculative_config``: a dict / JSON string, "none" for plain decoding,
+    None for the family default)."""
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "speclab", "serve", "--port", str(port), "--disable-uvicorn-access-log",
+           "--uvicorn-log-level", "warning"]
+    if model:
+        cmd += ["--model", model]
+    if speculative_config is not None:
+        sc = speculative_config if isinstance(speculative_config, str) else json.dumps(speculative_config)
+        cmd += ["--speculative-config", sc]
+    if policy:
+        cmd += ["--spec-policy", policy]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    if split_tokens:
+        cmd.append("--stream-split-tokens")
+    cmd += extra or []
+    env = {"OMP_NUM_THREADS": str(threads)} if threads else None
+    return ManagedServer("speclab-serve", cmd, port, env=env, start_timeout=start_timeout)
+
+
+def vllm_venv(path: str | None = None) -> Path | None:
+    """The vLLM venv to use (argument, $SPECLAB_VLLM_VENV, /work/vllm-venv), or None when it has no python."""
+    p = Path(path or os.environ.get(VLLM_VENV_ENV) or DEFAULT_VLLM_VENV).expanduser()
+    return p if (p / "bin" / "python").exists() else None
+
+
+def vllm_serve(venv: Path, model_dir: str, speculative_config: dict | None = None, *, port: int | None = None,
+               max_model_len: int = 1024, start_timeout: float = 400.0) -> ManagedServer:
+    """Start vLLM's OpenAI server from ``venv`` as docs/vllm.md says (fp32, offline, 1 GiB of KV cache)."""
+    port = port or free_port()
+    cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+           "--dtype", "float32", "--max-model-len", str(max_model_len), "--host", "127.0.0.1", "--port", str(port)]
+    template = venv / "speclab_chat_template.jinja"
+    if template.exists():
+        cmd += ["--chat-template", str(template)]
+    if speculative_config:
+        cmd += ["--speculative-config", json.dumps(speculative_config)]
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    return ManagedServer("vllm", cmd, port, env=env, start_timeout=start_timeout)

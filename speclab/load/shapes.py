@@ -1,0 +1,110 @@
+"""Load shapes: a fixed number of concurrent clients, or open-loop arrivals at a given rate.
+
+Rate arrivals follow ``vllm bench serve``: inter-arrival times are gamma distributed with shape =
+``burstiness`` and mean = 1 / rate (burstiness 1 is a Poisson process; below 1 arrivals clump, above 1
+they even out, infinity is a fixed interval). When the run is bounded by a request count the arrival
+times are rescaled so the last one lands at n / rate, as vLLM does, so that throughput does not depend
+on the seed's luck; when it is bounded by a duration only, arrivals stop at the duration.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from ..errors import SpeclabError
+
+MAX_ARRIVALS = 100_000  # a duration-bounded open-loop run at a silly rate must not build a huge list
+
+
+@dataclass(frozen=True)
+class LoadLevel:
+    """One load level: ``kind`` "concurrency" (``value`` clients, each sending its next request when the
+    previous one ends) or "rate" (``value`` requests/s arriving regardless of completions)."""
+
+    kind: str
+    value: float
+    burstiness: float = 1.0
+
+    @property
+    def label(self) -> str:
+        if self.kind == "concurrency":
+            return f"concurrency {int(self.value)}"
+        b = "" if self.burstiness == 1.0 else f", burstiness {self.burstiness:g}"
+        return f"rate {self.value:g}/s{b}"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "value": self.value, "burstiness": self.burstiness, "label": self.label}
+
+
+def _numbers(spec: str, what: str) -> list[float]:
+    out = []
+    for part in str(spec).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            v = float(part)
+        except ValueError:
+            raise SpeclabError(f"{what}: {part!r} is not a number (give a comma list, e.g. 1,4,16)") from None
+        if not math.isfinite(v) or v <= 0:
+            raise SpeclabError(f"{what} must be positive, got {part}")
+        out.append(v)
+    if not out:
+        raise SpeclabError(f"{what}: no values given")
+    return out
+
+
+def concurrency_levels(spec: str) -> list[LoadLevel]:
+    """``"1,4,16"`` -> three closed-loop levels, in the order given."""
+    levels = []
+    for v in _numbers(spec, "--concurrency"):
+        if v != int(v) or v > 4096:
+            raise SpeclabError(f"--concurrency values must be whole numbers from 1 to 4096, got {v:g}")
+        levels.append(LoadLevel("concurrency", int(v)))
+    return levels
+
+
+def rate_levels(spec: str, burstiness: float = 1.0) -> list[LoadLevel]:
+    """``"2,8"`` -> two open-loop levels at 2 and 8 requests/s."""
+    if not (burstiness > 0):
+        raise SpeclabError(f"--burstiness must be positive, got {burstiness}")
+    return [LoadLevel("rate", v, float(burstiness)) for v in _numbers(spec, "--rate")]
+
+
+def arrival_times(rate: float, burstiness: float, seed: int, num_requests: int | None = None,
+                  duration: float | None = None) -> list[float]:
+    """Seconds after the level starts at which each request is sent.
+
+    Intervals are gamma(shape=burstiness, scale=1 / (rate * burstiness)), mean 1 / rate. With a request
+    count the times are rescaled so the last is at ``num_requests / rate``; with only a duration they
+    stop at ``duration``; with both, whichever comes first."""
+    if num_requests is None and duration is None:
+        raise SpeclabError("an open-loop run needs a request count or a duration")
+    rng = random.Random(seed)
+    times: list[float] = []
+    t = 0.0
+    limit = num_requests if num_requests is not None else MAX_ARRIVALS
+    while len(times) < limit:
+        if math.isinf(burstiness):
+            t += 1.0 / rate
+        else:
+            t += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+        times.append(t)
+        if num_requests is None and t > duration:  # one past the end, dropped below
+            break
+    if num_requests is not None and times and times[-1] > 0:
+        scale = (num_requests / rate) / times[-1]
+        times = [x * scale for x in times]
+    if duration is not None:
+        times = [x for x in times if x <= duration]
+    return times
+
+
+def default_num_requests(level: LoadLevel) -> int:
+    """Requests per level when neither a count nor a duration is given: enough for every client to send
+    a few (closed loop), or 16 arrivals (open loop)."""
+    if level.kind == "concurrency":
+        return max(16, 4 * int(level.value))
+    return 16

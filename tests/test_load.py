@@ -1,0 +1,822 @@
+"""speclab load: pure unit tests (shapes, stats, tokens, fingerprint on synthetic timing traces, /metrics
+parsing), the client against a real HTTP server that misbehaves on purpose, and end-to-end runs against a
+real ``speclab serve`` (and real vLLM when its venv is present)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from speclab.errors import SpeclabError
+from speclab.load import fingerprint, scrape, shapes, stats, tokens
+from speclab.load.client import RequestRecord
+
+# ---------------------------------------------------------------- shapes
+
+
+def test_levels_parse_and_refuse():
+    assert [lv.value for lv in shapes.concurrency_levels("1, 4,16")] == [1, 4, 16]
+    assert shapes.rate_levels("2,8", 0.5)[1] == shapes.LoadLevel("rate", 8.0, 0.5)
+    for bad in ("0", "1.5", "x", "", "-2"):
+        with pytest.raises(SpeclabError):
+            shapes.concurrency_levels(bad)
+    with pytest.raises(SpeclabError):
+        shapes.rate_levels("2", burstiness=0)
+
+
+def test_arrivals_count_bound_rescaled_like_vllm():
+    t = shapes.arrival_times(4.0, 1.0, seed=1, num_requests=50)
+    assert len(t) == 50 and t == sorted(t)
+    assert t[-1] == pytest.approx(50 / 4.0)  # rescaled: the last arrival lands at n / rate
+    assert t == shapes.arrival_times(4.0, 1.0, seed=1, num_requests=50)  # seeded
+    assert t != shapes.arrival_times(4.0, 1.0, seed=2, num_requests=50)
+
+
+def test_arrivals_duration_bound_gamma_mean_and_burstiness():
+    t = shapes.arrival_times(10.0, 1.0, seed=0, duration=400.0)
+    assert all(x <= 400.0 for x in t)
+    assert len(t) == pytest.approx(4000, rel=0.05)  # mean interval 1 / rate
+
+    def cv(ts):
+        g = [b - a for a, b in zip([0.0] + ts, ts)]
+        m = sum(g) / len(g)
+        return math.sqrt(sum((x - m) ** 2 for x in g) / len(g)) / m
+
+    assert cv(t) == pytest.approx(1.0, abs=0.05)  # Poisson: exponential gaps, CV 1
+    assert cv(shapes.arrival_times(10.0, 0.25, seed=0, duration=400.0)) == pytest.approx(2.0, abs=0.15)  # 1/sqrt(k)
+    even = shapes.arrival_times(2.0, math.inf, seed=0, num_requests=4)
+    assert even == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    with pytest.raises(SpeclabError):
+        shapes.arrival_times(1.0, 1.0, seed=0)
+
+
+# ---------------------------------------------------------------- stats
+
+
+def test_request_metrics_by_hand():
+    # 5 tokens in 3 chunks: 1 at 100 ms, 3 at 200 ms, 1 at 500 ms
+    m = stats.request_metrics([0.1, 0.2, 0.5], 5, [1, 3, 1])
+    assert m["ttft"] == pytest.approx(0.1) and m["e2e"] == pytest.approx(0.5)
+    assert m["tpot"] == pytest.approx(0.4 / 4)
+    assert m["itl"] == pytest.approx([0.1, 0.3])  # vLLM: per chunk
+    assert m["itl_token"] == pytest.approx([0.1, 0.0, 0.0, 0.3])  # per token
+    assert sum(m["itl_token"]) / len(m["itl_token"]) == pytest.approx(m["tpot"])  # mean per-token ITL = TPOT
+    one = stats.request_metrics([0.3], 1, [1])
+    assert one["tpot"] is None and one["itl"] == [] and one["itl_token"] == []
+    assert stats.request_metrics([0.1, 0.2], 2)["itl_token"] is None  # no per-chunk counts
+
+
+def test_percentiles_match_numpy():
+    np = pytest.importorskip("numpy")
+    rng = random.Random(0)
+    vals = sorted(rng.random() for _ in range(37))
+    for p in (0, 50, 90, 95, 99, 100):
+        assert stats.percentile(vals, p) == pytest.approx(float(np.percentile(vals, p)))
+    d = stats.distribution([0.001, 0.002, 0.003])
+    assert d["mean"] == pytest.approx(2.0) and d["p50"] == pytest.approx(2.0) and d["n"] == 3
+    assert stats.distribution([]) is None
+
+
+def test_goodput_parse_and_vllm_rule():
+    assert stats.parse_goodput("ttft:200,tpot:50") == {"ttft": 200.0, "tpot": 50.0}
+    assert stats.parse_goodput("ttft:200 e2el:900") == {"ttft": 200.0, "e2e": 900.0}
+    for bad in ("ttft", "itl:3", "ttft:x", "tpot:-1"):
+        with pytest.raises(SpeclabError):
+            stats.parse_goodput(bad)
+    slo = {"ttft": 150.0, "tpot": 50.0}
+    assert stats.is_good({"ttft": 0.1, "tpot": 0.05, "e2e": 9}, slo)
+    assert not stats.is_good({"ttft": 0.2, "tpot": 0.01, "e2e": 9}, slo)
+    assert stats.is_good({"ttft": 0.1, "tpot": None, "e2e": 9}, slo)  # 1 token: TPOT counts as 0
+
+
+def _rec(i, times, n, chunk_tokens=None, ok=True, error=None, kind=None, prompt_tokens=3):
+    r = RequestRecord(i, ok=ok, error=error, error_kind=kind)
+    r.chunk_times, r.chunk_texts = list(times), ["x"] * len(times)
+    r.chunk_tokens, r.output_tokens, r.prompt_tokens = chunk_tokens, n, prompt_tokens
+    r.token_source = "usage" if n is not None else None
+    return r
+
+
+def test_summarize_level():
+    recs = [_rec(0, [0.1, 0.2, 0.3], 3, [1, 1, 1]), _rec(1, [0.2, 0.6], 5, [1, 4]),
+            _rec(2, [], None, ok=False, error="HTTP 500: boom", kind="http_status"),
+            _rec(3, [], None, ok=False, error="timeout after 1 s (0 chunks received)", kind="timeout")]
+    s = stats.summarize(recs, 2.0, {"ttft": 150.0})
+    assert (s["completed"], s["failed"]) == (2, 2)
+    assert s["failures"] == {"http_status": 1, "timeout": 1}
+    assert s["failure_examples"][0] == "HTTP 500: boom"
+    assert s["output_tokens"] == 8 and s["output_throughput"] == pytest.approx(4.0)
+    assert s["total_token_throughput"] == pytest.approx((8 + 6) / 2.0)
+    assert s["request_throughput"] == pytest.approx(1.0)
+    assert s["ttft_ms"]["mean"] == pytest.approx(150.0)
+    assert s["tpot_ms"]["n"] == 2 and s["tpot_ms"]["mean"] == pytest.approx((100 + 100) / 2)
+    assert s["itl_ms"]["n"] == 3 and s["itl_token_ms"]["n"] == 2 + 4
+    assert s["goodput"]["good_requests"] == 1 and s["goodput"]["request_goodput"] == pytest.approx(0.5)
+
+
+# ---------------------------------------------------------------- tokens
+
+
+def test_chunk_counts_from_ends_by_hand():
+    # chunks "ab" | "c" | "de"; tokens "abc", "d", "e": the straddling token counts once, where it completes
+    assert tokens.chunk_counts_from_ends([3, 4, 5], [2, 3, 5]) == [0, 1, 2]
+    assert tokens.chunk_counts_from_ends([1, 2, 3], [1, 2, 3]) == [1, 1, 1]
+    assert tokens.chunk_counts_from_ends([], [4]) == [0]
+
+
+def test_chunk_token_counts_with_the_family_tokenizer():
+    from speclab.family import DEFAULT_TARGET, resolve
+
+    if resolve(DEFAULT_TARGET) is None:
+        pytest.skip("family weights not present")
+    tok = tokens.load_tokenizer(DEFAULT_TARGET)
+    text = 'def fibonacci(n):\n    return {"name": "Priya Martin", "age": 78}'
+    ids = tokens.encode(tok, text)
+    pieces = [tok.decode(ids[i:i + 3]) for i in range(0, len(ids), 3)]  # chunks of 3 tokens, as a server sends
+    assert "".join(pieces) == text
+    counts = tokens.chunk_token_counts(tok, pieces)
+    assert sum(counts) == len(ids) and all(c >= 0 for c in counts)
+    assert counts == [len(ids[i:i + 3]) for i in range(0, len(ids), 3)]
+    split = [tok.decode([i]) for i in ids]  # one token per chunk
+    assert tokens.chunk_token_counts(tok, split) == [1] * len(ids)
+    with pytest.raises(SpeclabError):
+        tokens.load_tokenizer("no-such-model-anywhere")
+
+
+def test_count_tokens_prefers_usage_and_records_mismatch():
+    from speclab.family import DEFAULT_TARGET, resolve
+
+    if resolve(DEFAULT_TARGET) is None:
+        pytest.skip("family weights not present")
+    tok = tokens.load_tokenizer(DEFAULT_TARGET)
+    r = RequestRecord(0, ok=True)
+    r.chunk_times, r.chunk_texts = [0.1, 0.2], ["hello", " world"]
+    r.usage = {"completion_tokens": 7, "prompt_tokens": 2}
+    tokens.count_tokens([r], tok)
+    n_text = len(tokens.encode(tok, "hello world"))
+    assert r.output_tokens == 7 and r.token_source == "usage" and r.prompt_tokens == 2
+    assert r.token_mismatch == n_text - 7
+    assert r.chunk_token_source == "tokenizer" and sum(r.chunk_tokens) == n_text
+    r2 = RequestRecord(1, ok=True)
+    r2.chunk_times, r2.chunk_texts = [0.1], ["hello"]
+    tokens.count_tokens([r2], tok)
+    assert r2.token_source == "tokenizer" and r2.output_tokens == len(tokens.encode(tok, "hello"))
+
+
+# ---------------------------------------------------------------- fingerprint (synthetic timing traces)
+
+ROUND = 0.020  # one decoding step / verification round, seconds
+SPLIT_GAP = 0.00005  # back-to-back one-token chunks of one round
+
+
+def plain_trace(rng, n_tokens=40, jitter=0.25, ttft=0.05):
+    """Plain decoding: one token per chunk, gaps around ROUND (lognormal jitter)."""
+    t, times = ttft, [ttft]
+    for _ in range(n_tokens - 1):
+        t += ROUND * math.exp(rng.gauss(0, jitter))
+        times.append(t)
+    return times, [1] * n_tokens
+
+
+def spec_rounds(rng, n_tokens, accept_probs):
+    """Sizes of verification rounds (accepted + 1) adding up to n_tokens; the first 'round' is prefill (1)."""
+    sizes = [1]
+    while sum(sizes) < n_tokens:
+        k = 1
+        for p in accept_probs:
+            if rng.random() >= p:
+                break
+            k += 1
+        sizes.append(min(k, n_tokens - sum(sizes)))
+    return sizes
+
+
+def spec_trace(rng, n_tokens=40, accept=(0.8, 0.7, 0.6, 0.5), split=False, jitter=0.1, ttft=0.05):
+    """Speculative decoding: one chunk per round of 1..k+1 tokens every ~ROUND; or, ``split``, one chunk per
+    token with the round's tokens SPLIT_GAP apart."""
+    sizes = spec_rounds(rng, n_tokens, accept)
+    times, counts, t = [], [], ttft
+    for i, s in enumerate(sizes):
+        if i:
+            t += ROUND * math.exp(rng.gauss(0, jitter))
+        if split:
+            times += [t + j * SPLIT_GAP for j in range(s)]
+            counts += [1] * s
+        else:
+            times.append(t)
+            counts.append(s)
+    return times, counts, sizes
+
+
+def _level(traces, mode="chunks"):
+    """Fingerprint of a level of traces; mode: chunks (per-chunk counts known), total (only N), none (nothing)."""
+    ps = []
+    for times, counts in traces:
+        if mode == "chunks":
+            ps.append(fingerprint.request_pacing(times, counts, sum(counts)))
+        elif mode == "total":
+            ps.append(fingerprint.request_pacing(times, None, sum(counts)))
+        else:
+            ps.append(fingerprint.request_pacing(times, None, None))
+    return fingerprint.level_fingerprint(ps)
+
+
+def test_plain_trace_is_smooth():
+    rng = random.Random(0)
+    fp = _level([plain_trace(rng) for _ in range(8)])
+    assert fp["call"] == "smooth" and fp["near_zero_share"] < 0.02
+    assert fp["mean_tokens_per_chunk"] == pytest.approx(1.0)
+    assert fp["cv_token_gaps"] < 0.4
+    assert fingerprint.verdict([("c1", 1, fp)])["verdict"] == "plain"
+
+
+@pytest.mark.parametrize("mode", ["chunks", "total"])
+def test_speculative_chunks_are_bursty_and_estimate_accepted_length(mode):
+    rng = random.Random(1)
+    traces, sizes = [], []
+    for _ in range(8):
+        times, counts, s = spec_trace(rng)
+        traces.append((times, counts))
+        sizes += s[1:]
+    fp = _level(traces, mode)
+    assert fp["call"] == "bursty" and fp["near_zero_share"] > 0.4
+    true_mean = sum(sizes) / len(sizes)  # tokens per verification round, bonus included
+    assert fp["mean_tokens_per_burst"] == pytest.approx(true_mean, rel=0.03)
+    assert fp["accepted_length_estimate"] == pytest.approx(true_mean, rel=0.03)
+    if mode == "chunks":
+        assert fp["mean_tokens_per_chunk"] == pytest.approx(true_mean, rel=0.03)
+        assert fp["estimate_from"] == "tokens per chunk"
+        assert fp["pace_ratio"] == pytest.approx(1.0, abs=0.2)  # a round takes as long whatever it accepts
+    assert fingerprint.verdict([("c1", 1, fp), ("c4", 4, fp)])["verdict"] == "speculative"
+
+
+@pytest.mark.parametrize("mode", ["chunks", "none"])
+def test_split_one_token_chunks_gaps_alone_carry_the_evidence(mode):
+    """A server that splits each round into one-token chunks: every chunk has 1 token, only the gaps differ."""
+    rng = random.Random(2)
+    spec, sizes = [], []
+    for _ in range(8):
+        times, counts, s = spec_trace(rng, split=True)
+        assert set(counts) == {1}
+        spec.append((times, counts))
+        sizes += s[1:]
+    fp = _level(spec, mode)
+    assert fp["call"] == "bursty"
+    assert fp["mean_tokens_per_burst"] == pytest.approx(sum(sizes) / len(sizes), rel=0.03)
+    assert fp["cv_token_gaps"] > 0.8  # bimodal: long gaps and near-zero ones
+    assert fp["estimate_from"] == "tokens per burst"
+    if mode == "chunks":
+        assert fp["mean_tokens_per_chunk"] == 1.0
+    plain = _level([plain_trace(rng) for _ in range(8)], mode)
+    assert plain["call"] == "smooth"
+
+
+def test_adaptive_low_load_bursty_high_load_smooth():
+    rng = random.Random(3)
+    low = _level([spec_trace(rng)[:2] for _ in range(6)])
+    high = _level([plain_trace(rng, jitter=0.4) for _ in range(6)])
+    v = fingerprint.verdict([("concurrency 16", 16, high), ("concurrency 1", 1, low)])  # order does not matter
+    assert v["verdict"] == "adaptive" and v["calls"] == ["bursty", "smooth"]
+    assert any("bursty at low load" in e for e in v["evidence"])
+    mid = _level([spec_trace(rng)[:2] for _ in range(6)])
+    assert fingerprint.verdict([("a", 1, low), ("b", 4, mid), ("c", 16, high)])["verdict"] == "adaptive"
+    # smooth at low load and bursty at high load is not how an adaptive server behaves
+    assert fingerprint.verdict([("a", 1, high), ("b", 16, low)])["verdict"] == "inconclusive"
+    assert fingerprint.verdict([("a", 1, low), ("b", 4, high), ("c", 16, mid)])["verdict"] == "inconclusive"
+
+
+def test_shrinking_bursts_are_noted_and_unknown_levels_skipped():
+    rng = random.Random(4)
+    big = _level([spec_trace(rng, accept=(0.9, 0.9, 0.9, 0.9))[:2] for _ in range(6)])
+    small = _level([spec_trace(rng, accept=(0.3,))[:2] for _ in range(6)])
+    v = fingerprint.verdict([("a", 1, big), ("b", 16, small)])
+    assert v["verdict"] == "speculative" and any("shrink" in e for e in v["evidence"])
+    tiny = _level([plain_trace(rng, n_tokens=5)])
+    assert tiny["call"] == "unknown"
+    assert fingerprint.verdict([("a", 1, tiny)])["verdict"] == "inconclusive"
+    assert fingerprint.verdict([("a", 1, tiny), ("b", 4, big)])["verdict"] == "speculative"
+
+
+def test_pace_slope_by_hand():
+    # speculation: the wait before a burst does not depend on its size
+    spec = [[(0.02, 1), (0.02, 3), (0.02, 2), (0.02, 5), (0.02, 1), (0.02, 4)] * 2]
+    assert fingerprint.pace_slope(spec) == pytest.approx(0.0)
+    # late delivery: each extra token waited one more 20 ms step
+    late = [[(0.02 * n, n) for n in (1, 2, 1, 3, 1, 2, 4, 1, 2, 1)]]
+    assert fingerprint.pace_slope(late) == pytest.approx(1.0)
+    assert fingerprint.pace_slope([[(0.02, 1), (0.02, 1)]]) is None  # no pairs of different sizes
+    assert fingerprint.pace_slope([[(None, 3)] + late[0]]) == pytest.approx(1.0)  # unknown gaps are skipped
+
+
+def test_few_bursts_and_a_middling_share_is_unknown():
+    """Under 15% near-zero gaps with too few bursts to test for late delivery: no call either way."""
+    rng = random.Random(8)
+    traces = []
+    for _ in range(2):
+        times, counts = plain_trace(rng, n_tokens=30, jitter=0.05)
+        for i in (5, 12, 20):  # three 2-token chunks per request: 6 multi-token bursts in all
+            counts[i] = 2
+        traces.append((times, counts))
+    fp = _level(traces)
+    assert fingerprint.BURSTY_SHARE <= fp["near_zero_share"] < fingerprint.STRONG_SHARE
+    assert fp["pace_ratio"] is None and fp["call"] == "unknown"
+    assert "too little to tell" in fingerprint.verdict([("c1", 1, fp)])["evidence"][0]
+
+
+def test_speculation_accepting_almost_nothing_reads_as_plain():
+    """Documented limit: with < 8% of gaps near zero (mean burst < 1.09 tokens) the verdict is plain."""
+    rng = random.Random(5)
+    fp = _level([spec_trace(rng, n_tokens=60, accept=(0.04,))[:2] for _ in range(8)])
+    assert fp["near_zero_share"] < fingerprint.BURSTY_SHARE and fp["call"] == "smooth"
+
+
+def test_late_delivery_of_plain_steps_reads_as_plain():
+    """A plain server whose delivery falls behind gets two steps in one chunk after a double gap (vLLM merges
+    deltas when its client is slow): bursty by share, but the pace ratio (~2) tells it from speculation (~1)."""
+    rng = random.Random(6)
+    traces = []
+    for _ in range(8):
+        times, counts, t = [0.05], [1], 0.05
+        while sum(counts) < 40:
+            merged = rng.random() < 0.3
+            t += ROUND * (2 if merged else 1) * math.exp(rng.gauss(0, 0.1))
+            times.append(t)
+            counts.append(2 if merged else 1)
+        traces.append((times, counts))
+    fp = _level(traces)
+    assert fp["near_zero_share"] > fingerprint.BURSTY_SHARE
+    assert fp["pace_ratio"] == pytest.approx(2.0, abs=0.3)
+    assert fp["call"] == "late"
+    v = fingerprint.verdict([("c1", 1, fp)])
+    assert v["verdict"] == "plain" and "late delivery" in v["evidence"][0]
+    # the same when the late tokens come as separate one-token chunks written back to back
+    split = []
+    for times, counts in traces:
+        t2 = [t + j * SPLIT_GAP for t, n in zip(times, counts) for j in range(n)]
+        split.append((t2, [1] * len(t2)))
+    assert _level(split)["call"] == "late" and _level(split, "none")["call"] == "late"
+    assert _level(traces, "total")["call"] == "bursty"  # chunk times and N alone cannot place the zeros
+
+
+def test_client_stalls_blur_chunk_times_and_their_gaps_are_left_out():
+    stalls = [(1.0, 1.05), (2.0, 2.001)]
+    times = [0.5, 1.0, 1.02, 1.051, 1.0519, 1.06, 2.0015]
+    assert fingerprint.client_blurred(times, stalls) == [False, False, True, True, True, False, True]
+    # a stall shorter than a gap cannot squeeze that gap to zero: only stalls of min_stall or more count
+    assert fingerprint.client_blurred(times, stalls, min_stall=0.01) == [False, False, True, True, True, False, False]
+    assert fingerprint.client_blurred([1.0], []) == [False]
+    # a plain trace whose client stalled: tokens stamped together after each stall look like bursts ...
+    rng = random.Random(7)
+    traces = []
+    for _ in range(6):
+        times, counts = plain_trace(rng, n_tokens=40, jitter=0.05)
+        stamped, blurred, i = [], [], 0
+        while i < len(times):
+            if i % 8 == 4 and i + 3 < len(times):  # a 3-step stall: three tokens read at once
+                end = times[i + 2] + 0.0005
+                stamped += [end + j * SPLIT_GAP for j in range(3)]
+                blurred += fingerprint.client_blurred(stamped[-3:], [(times[i] - 0.001, end)])
+                i += 3
+            else:
+                stamped.append(times[i])
+                blurred.append(False)
+                i += 1
+        traces.append((stamped, [1] * len(stamped), blurred))
+    naive = fingerprint.level_fingerprint([fingerprint.request_pacing(t, c) for t, c, _ in traces])
+    assert naive["near_zero_share"] > fingerprint.BURSTY_SHARE  # fooled by the client's own bunching
+    fp = fingerprint.level_fingerprint([fingerprint.request_pacing(t, c, None, b) for t, c, b in traces])
+    assert fp["call"] == "smooth" and fp["near_zero_share"] == 0 and fp["blurred_chunks"] > 0
+    assert fp["mean_tokens_per_burst"] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- /metrics
+
+
+def _vllm_metrics(drafts, draft_tokens, accepted, per_pos, gen, ttft=(0.0, 0), itl=(0.0, 0)) -> str:
+    lab = 'engine="0",model_name="/m/target"'
+    lines = ["# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
+             "# TYPE vllm:spec_decode_num_drafts_total counter",
+             f"vllm:spec_decode_num_drafts_total{{{lab}}} {drafts}",
+             "# TYPE vllm:spec_decode_num_drafts_created gauge",
+             f"vllm:spec_decode_num_drafts_created{{{lab}}} 1.79e+09",
+             "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
+             f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {draft_tokens}",
+             "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
+             f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {accepted}",
+             "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"]
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {v}'
+              for i, v in enumerate(per_pos)]
+    lines += ["# TYPE vllm:generation_tokens_total counter", f"vllm:generation_tokens_total{{{lab}}} {gen}",
+              "# TYPE vllm:time_to_first_token_seconds histogram",
+              f'vllm:time_to_first_token_seconds_bucket{{{lab},le="+Inf"}} {ttft[1]}',
+              f"vllm:time_to_first_token_seconds_count{{{lab}}} {ttft[1]}",
+              f"vllm:time_to_first_token_seconds_sum{{{lab}}} {ttft[0]}",
+              "# TYPE vllm:inter_token_latency_seconds histogram",
+              f'vllm:inter_token_latency_seconds_bucket{{{lab},le="+Inf"}} {itl[1]}',
+              f"vllm:inter_token_latency_seconds_count{{{lab}}} {itl[1]}",
+              f"vllm:inter_token_latency_seconds_sum{{{lab}}} {itl[0]}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_scrape_vllm_counters_over_a_window():
+    # the numbers of a real vLLM draft_model run (docs/vllm.md) before, and 10 more rounds after
+    before = scrape.parse(_vllm_metrics(54, 216, 143, [41, 37, 35, 30], 196, (1.8757, 7), (0.6321, 54)))
+    after = scrape.parse(_vllm_metrics(64, 256, 168, [50, 44, 40, 34], 231, (2.1757, 8), (0.8321, 64)))
+    w = scrape.window(before, after)
+    sd = w["spec_decode"]
+    assert (sd["drafts"], sd["draft_tokens"], sd["accepted_tokens"]) == (10, 40, 25)
+    assert sd["accepted_per_position"] == [9, 7, 5, 4]
+    assert sd["acceptance_rate"] == pytest.approx(25 / 40)
+    assert sd["mean_acceptance_length"] == pytest.approx(1 + 25 / 10)
+    assert sd["per_position_acceptance"] == pytest.approx([0.9, 0.7, 0.5, 0.4])
+    assert w["generation_tokens"] == 35
+    assert w["server_latency_ms"]["ttft"]["mean"] == pytest.approx(300.0)
+    assert w["server_latency_ms"]["itl"]["mean"] == pytest.approx(20.0)
+    since_start = scrape.window(None, before)["spec_decode"]
+    assert since_start["mean_acceptance_length"] == pytest.approx(1 + 143 / 54)
+    cmp_ = scrape.compare(w, 3.4)
+    assert cmp_["server_mean_acceptance_length"] == pytest.approx(3.5) and cmp_["ratio"] == pytest.approx(3.4 / 3.5)
+
+
+def test_scrape_plain_server_and_sglang_gauges():
+    plain = "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{engine=\"0\"} 10\n"
+    w = scrape.window(scrape.parse(plain), scrape.parse(plain.replace(" 10", " 42")))
+    assert w["spec_decode"] is None and w["generation_tokens"] == 32
+    sg = ("# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{model_name=\"m\"} 2.75\n"
+          "# TYPE sglang:spec_accept_rate gauge\nsglang:spec_accept_rate{model_name=\"m\"} 0.44\n")
+    w = scrape.window(None, scrape.parse(sg))
+    assert w["sglang"]["accept_length"] == 2.75 and w["sglang"]["accept_rate"] == 0.44
+    assert scrape.compare(w, 2.5)["server_mean_acceptance_length"] == 2.75
+
+
+# ---------------------------------------------------------------- bench --serve: pure parts
+
+
+def test_bench_serve_crossover_saturation_identity():
+    from speclab.analysis.bench_serve import crossover, doubling, identity, saturated
+
+    def rows(wl, plain, spec):
+        pairs = (("speclab plain", plain), ("speclab speculative", spec))
+        return [{"workload": wl, "concurrency": c, "server": s, "tok_s": v[i]}
+                for i, c in enumerate((1, 2, 4, 8)) for s, v in pairs]
+
+    r = rows("json", [100, 180, 300, 320], [160, 200, 280, 250]) + rows("code", [100, 180, 300, 320],
+                                                                        [150, 170, 310, 400])
+    r += rows("copy", [100, 180, 300, 320], [90, 170, 280, 300])
+    cx = crossover(r)
+    assert cx["json"]["stops_paying_at"] == 4 and cx["json"]["highest_measured"] == 8
+    assert cx["code"]["stops_paying_at"] is None  # a dip at 2 that recovers is not a crossover
+    assert cx["copy"]["stops_paying_at"] == 1
+    assert cx["json"]["speedup"][1] == pytest.approx(1.6)
+    assert doubling(16) == [1, 2, 4, 8, 16] and doubling(12) == [1, 2, 4, 8]
+    assert saturated(300, 320) and not saturated(300, 340) and not saturated(None, 100)
+    ident = identity({"a": {"p1": {"x"}, "p2": {"y"}}, "b": {"p1": {"x", "z"}, "p3": {"w"}}}, {"p1": "x", "p2": "y"})
+    assert ident["servers"]["a"] == {"prompts_checked": 2, "identical": 2, "mismatches": []}
+    assert ident["servers"]["b"]["identical"] == 0 and ident["servers"]["b"]["prompts_checked"] == 1
+
+
+# ---------------------------------------------------------------- the client against a misbehaving server
+# A real HTTP server (FastAPI + uvicorn on a free port) that fails on purpose, chosen by the request's model
+# name: the only way to check that errors, hangs and cut streams become failed requests with reasons.
+
+
+def _faulty_app():
+    import asyncio
+    import json as _json
+
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.routing import Route
+
+    def event(obj) -> str:
+        return f"data: {_json.dumps(obj)}\n\n"
+
+    def chunk(text):
+        return event({"choices": [{"index": 0, "text": text, "finish_reason": None}]})
+
+    async def models(req):
+        return JSONResponse({"data": [{"id": "ok"}]})
+
+    async def metrics(req):
+        return PlainTextResponse("nope", status_code=404)
+
+    async def completions(req):
+        body = await req.json()
+        mode = body.get("model")
+        if mode == "http500":
+            return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
+        if mode == "http429":
+            return JSONResponse({"error": {"message": "queue full"}}, status_code=429)
+
+        async def gen():
+            if mode == "slow_start":
+                await asyncio.sleep(3600)
+            for t in ("a", "b", "c"):
+                yield chunk(t)
+                await asyncio.sleep(0.01)
+                if mode == "hang":
+                    await asyncio.sleep(3600)
+                if mode == "truncate" and t == "b":
+                    return
+                if mode == "stream_error" and t == "b":
+                    yield event({"error": {"message": "engine died"}})
+                if mode == "garbage" and t == "b":
+                    yield "data: {not json\n\n"
+            yield event({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/models", models), Route("/metrics", metrics),
+                             Route("/v1/completions", completions, methods=["POST"])])
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def faulty_server():
+    import threading
+    import time
+
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(_faulty_app(), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def _prompts():
+    from speclab.workloads import Prompt
+
+    return [Prompt("p0", "t", "hello"), Prompt("p1", "t", "world")]
+
+
+def _run(url, model, *, n=2, timeout=1.0, duration=None, concurrency=2, deadline=None):
+    from speclab.load import Endpoint, LoadSpec, concurrency_levels, run
+
+    ep = Endpoint(url, model=model, timeout=timeout, max_tokens=3)
+    spec = LoadSpec(levels=concurrency_levels(str(concurrency)), prompts=_prompts(), num_requests=n,
+                    duration=duration, warmup=0, quiet=True, deadline=deadline)
+    return run(ep, spec)
+
+
+@pytest.mark.parametrize("model, kind, words", [
+    ("http500", "http_status", "HTTP 500: boom"),
+    ("http429", "http_status", "HTTP 429: queue full"),
+    ("truncate", "truncated", "without [DONE] after 2 chunks"),
+    ("hang", "timeout", "timeout after 1 s (1 chunks received)"),
+    ("slow_start", "timeout", "timeout after 1 s (0 chunks received)"),
+    ("stream_error", "stream_error", "engine died"),
+    ("garbage", "bad_data", "not JSON"),
+])
+def test_faults_become_failed_requests_with_reasons(faulty_server, model, kind, words):
+    import time
+
+    t0 = time.perf_counter()
+    res = _run(faulty_server, model)
+    assert time.perf_counter() - t0 < 8  # per-request timeout 1 s, two at a time: never hangs
+    s = res["levels"][0]["summary"]
+    assert (s["completed"], s["failed"]) == (0, 2)
+    assert s["failures"] == {kind: 2}
+    assert words in s["failure_examples"][0]
+    assert res["levels"][0]["server"] == {"unavailable": "/metrics answered HTTP 404"}
+
+
+def test_good_stream_counts_usage_tokens(faulty_server):
+    res = _run(faulty_server, "ok", n=3)
+    lv = res["levels"][0]
+    assert lv["summary"]["completed"] == 3 and lv["summary"]["output_tokens"] == 9
+    r = lv["requests"][0]
+    assert r["text"] == "abc" and r["output_tokens"] == 3 and r["token_source"] == "usage"
+    assert len(r["chunk_times"]) == 3 and r["done_time"] >= r["chunk_times"][-1]
+
+
+def test_duration_deadline_cancels_stragglers(faulty_server):
+    import time
+
+    t0 = time.perf_counter()
+    res = _run(faulty_server, "hang", n=None, timeout=2.0, duration=0.3)
+    assert time.perf_counter() - t0 < 4  # stops sending at the duration; the stuck requests time out
+    s = res["levels"][0]["summary"]
+    assert s["completed"] == 0 and s["failed"] == 2  # two clients, each stuck in its first request
+    assert s["failures"] == {"timeout": 2}
+    t0 = time.perf_counter()
+    res = _run(faulty_server, "hang", n=4, timeout=60.0, deadline=0.5)
+    assert time.perf_counter() - t0 < 3  # the level's hard deadline cancels what is still running
+    assert res["levels"][0]["summary"]["failures"] == {"deadline": 2}
+
+
+def test_dead_url_cli_fails_fast_with_reasons(tmp_path, capsys):
+    import json as _json
+    import time
+
+    from speclab.cli import main
+
+    out = tmp_path / "r.json"
+    t0 = time.perf_counter()
+    rc = main(["load", f"http://127.0.0.1:{free_port()}", "--num-requests", "3", "--timeout", "5", "--quiet",
+               "--json", str(out)])
+    assert time.perf_counter() - t0 < 20
+    assert rc == 1
+    res = _json.loads(out.read_text())
+    s = res["levels"][0]["summary"]
+    assert s["failed"] == 3 and s["failures"] == {"connection": 3}
+    assert "connection failed" in s["failure_examples"][0]
+    assert "every request failed" in capsys.readouterr().err
+    assert main(["load", "ftp://x", "--quiet"]) == 2
+
+
+# ---------------------------------------------------------------- against a real speclab serve
+# Four real servers on free ports (started in parallel, one torch thread each): speculation off, the family's
+# default draft at k = 4 streaming one round per chunk, the same splitting every round into one-token chunks,
+# and an adaptive one (batch-table: k = 4 while one request runs, off from two).
+
+SERVE_CONFIGS = {
+    "plain": dict(speculative_config="none"),
+    "fixed": dict(),
+    "split": dict(split_tokens=True),
+    "adaptive": dict(policy="batch-table:1-1=4,2-=0"),
+}
+
+
+@pytest.fixture(scope="module")
+def speclab_servers():
+    pytest.importorskip("fastapi")
+    pytest.importorskip("prometheus_client")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from speclab.family import DEFAULT_TARGET, resolve
+    from speclab.load.servers import speclab_serve
+
+    if resolve(DEFAULT_TARGET) is None:
+        pytest.skip("family weights not present")
+    with ThreadPoolExecutor(len(SERVE_CONFIGS)) as pool:
+        futures = {name: pool.submit(speclab_serve, threads=1, **kw) for name, kw in SERVE_CONFIGS.items()}
+    servers = {}
+    try:
+        for name, f in futures.items():
+            servers[name] = f.result()
+        yield servers
+    finally:
+        stop_all([f.result() for f in futures.values() if f.done() and f.exception() is None])
+
+
+def stop_all(servers):
+    for s in servers:
+        s.terminate()
+    for s in servers:
+        s.stop()
+
+
+def _load_cli(url, tmp_path, name, *extra):
+    import json as _json
+
+    from speclab.cli import main
+
+    out = tmp_path / f"{name}.json"
+    rc = main(["load", url, "--workload", "json,code", "--num-requests", "6", "--max-tokens", "32", "--quiet",
+               "--json", str(out), *extra])
+    assert rc == 0
+    return _json.loads(out.read_text())
+
+
+def _check_tokens(res):
+    """Token counts equal the server's usage; per-chunk counts add up to it; spec figures add up to /metrics."""
+    for lv in res["levels"]:
+        assert lv["summary"]["failed"] == 0 and lv["summary"]["completed"] == lv["summary"]["requests"]
+        for r in lv["requests"]:
+            assert r["token_source"] == "usage" and r["output_tokens"] == r["usage"]["completion_tokens"]
+            eos = 1 if r["finish_reason"] == "stop" else 0  # usage counts the EOS token, the text does not show it
+            assert sum(r["chunk_tokens"]) == r["output_tokens"] - eos
+            assert r["token_mismatch"] == -eos
+        assert lv["server"]["generation_tokens"] == sum(r["output_tokens"] for r in lv["requests"])
+        spec = lv["server"]["spec_decode"]
+        per_request = [r["speculation"] for r in lv["requests"]]
+        if spec is None:  # a server without speculation exports no spec-decode counters (as vLLM)
+            assert all(s["drafted_tokens"] == 0 for s in per_request)
+            continue
+        assert spec["accepted_tokens"] == sum(s["accepted_tokens"] for s in per_request)
+        assert spec["draft_tokens"] == sum(s["drafted_tokens"] for s in per_request)
+
+
+@pytest.mark.slow
+def test_verdicts_on_speclab_serve(speclab_servers, tmp_path):
+    plain = _load_cli(speclab_servers["plain"].url, tmp_path, "plain")
+    _check_tokens(plain)
+    assert plain["verdict"]["verdict"] == "plain", plain["verdict"]
+
+    fixed = _load_cli(speclab_servers["fixed"].url, tmp_path, "fixed")
+    _check_tokens(fixed)
+    assert fixed["verdict"]["verdict"] == "speculative", fixed["verdict"]
+    lv = fixed["levels"][0]
+    assert lv["fingerprint"]["mean_tokens_per_chunk"] > 1.3
+    cmp_ = lv["acceptance_vs_outside"]  # every round drafts: the outside estimate is the server's figure
+    assert cmp_["outside_estimate"] == pytest.approx(cmp_["server_mean_acceptance_length"], rel=0.1)
+
+    split = _load_cli(speclab_servers["split"].url, tmp_path, "split")
+    _check_tokens(split)
+    assert split["verdict"]["verdict"] == "speculative", split["verdict"]
+    lv = split["levels"][0]
+    assert lv["fingerprint"]["mean_tokens_per_chunk"] == 1.0  # the gaps alone carried the evidence
+    assert lv["fingerprint"]["estimate_from"] == "tokens per burst"
+    assert lv["acceptance_vs_outside"]["outside_estimate"] == pytest.approx(
+        lv["acceptance_vs_outside"]["server_mean_acceptance_length"], rel=0.1)
+    # the same greedy text from every server
+    texts = {name: {r["prompt_id"]: r["text"] for r in res["levels"][0]["requests"]}
+             for name, res in (("plain", plain), ("fixed", fixed), ("split", split))}
+    assert texts["plain"] == texts["fixed"] == texts["split"]
+
+
+@pytest.mark.slow
+def test_adaptive_verdict_on_speclab_serve(speclab_servers, tmp_path):
+    res = _load_cli(speclab_servers["adaptive"].url, tmp_path, "adaptive", "--concurrency", "1,6",
+                    "--num-requests", "6")
+    assert res["verdict"]["verdict"] == "adaptive", res["verdict"]
+    assert res["verdict"]["calls"] == ["bursty", "smooth"]
+
+
+@pytest.mark.slow
+def test_bench_serve_small(tmp_path, capsys):
+    import json as _json
+
+    from speclab.cli import main
+    from speclab.family import DEFAULT_TARGET, resolve
+
+    if resolve(DEFAULT_TARGET) is None:
+        pytest.skip("family weights not present")
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--serve", "--workload", "json", "--concurrency", "1,2", "--requests", "3",
+               "--max-new-tokens", "16", "--quiet", "--json", str(out)])
+    assert rc == 0
+    res = _json.loads(out.read_text())
+    assert {(r["server"], r["concurrency"]) for r in res["rows"]} == {
+        (s, c) for s in ("speclab plain", "speclab speculative") for c in (1, 2)}
+    assert all(r["failed"] == 0 and r["tok_s"] > 0 for r in res["rows"])
+    assert {r["pacing"] for r in res["rows"] if r["server"] == "speclab plain"} == {"smooth"}
+    assert {r["pacing"] for r in res["rows"] if r["server"] == "speclab speculative"} == {"bursty"}
+    for d in res["identity"]["servers"].values():
+        assert d["prompts_checked"] >= 3 and d["identical"] == d["prompts_checked"]
+    assert set(res["crossover"]["json"]["speedup"]) == {"1", "2"}
+    text = capsys.readouterr().out
+    assert "greedy identity, speclab speculative: " in text and "workload json" in text
+
+
+# ---------------------------------------------------------------- against real vLLM (its CPU build)
+
+
+@pytest.mark.slow
+def test_verdicts_and_counters_on_vllm(tmp_path):
+    """vLLM from its own venv (docs/vllm.md), plain and with the family's default draft at k = 4, started
+    in parallel (about 2-4 minutes on 2 busy cores)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from speclab.family import DEFAULT_DRAFT, DEFAULT_TARGET, resolve
+    from speclab.load.servers import vllm_serve, vllm_venv
+
+    venv = vllm_venv()
+    if venv is None:
+        pytest.skip("no vLLM venv (set SPECLAB_VLLM_VENV or run scripts/setup_vllm)")
+    if resolve(DEFAULT_TARGET) is None:
+        pytest.skip("family weights not present")
+    target, draft = str(resolve(DEFAULT_TARGET)), str(resolve(DEFAULT_DRAFT))
+    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 4}
+    with ThreadPoolExecutor(2) as pool:
+        futures = {"plain": pool.submit(vllm_serve, venv, target), "spec": pool.submit(vllm_serve, venv, target, spec)}
+    try:
+        servers = {k: f.result() for k, f in futures.items()}
+        results = {k: _load_cli(s.url, tmp_path, f"vllm-{k}", "--extra-body", '{"return_token_ids": true}',
+                                "--max-tokens", "64") for k, s in servers.items()}
+    finally:
+        stop_all([f.result() for f in futures.values() if f.done() and f.exception() is None])
+    for name, res in results.items():
+        lv = res["levels"][0]
+        assert lv["summary"]["failed"] == 0
+        for r in lv["requests"]:
+            assert r["chunk_token_source"] == "server token_ids"
+            assert sum(r["chunk_tokens"]) == r["output_tokens"] == r["usage"]["completion_tokens"]
+        assert lv["server"]["generation_tokens"] == sum(r["output_tokens"] for r in lv["requests"])
+    assert results["plain"]["verdict"]["verdict"] == "plain", results["plain"]["verdict"]
+    assert results["plain"]["levels"][0]["server"]["spec_decode"] is None  # vLLM exports none without speculation
+    assert results["spec"]["verdict"]["verdict"] == "speculative", results["spec"]["verdict"]
+    sd = results["spec"]["levels"][0]["server"]["spec_decode"]
+    assert sd["drafts"] > 0 and sum(sd["accepted_per_position"]) == sd["accepted_tokens"] <= sd["draft_tokens"]
+    cmp_ = results["spec"]["levels"][0]["acceptance_vs_outside"]
+    assert cmp_["outside_estimate"] == pytest.approx(cmp_["server_mean_acceptance_length"], rel=0.15)
+    texts = [{r["prompt_id"]: r["text"] for r in res["levels"][0]["requests"]} for res in results.values()]
+    assert texts[0] == texts[1]  # greedy: speculation changes nothing
