@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import httpx
 import pytest
 
 from speclab.errors import SpeclabError
+from speclab.serve.inprocess import InProcessServer
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test"
@@ -469,36 +469,12 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(servers, models):
 
 
 # ------------------------------------------------------------------------------ servers in this process
-class InProcess:
-    """A ``speclab.serve`` app on uvicorn on a thread of this process (for drafters built here)."""
-
-    def __init__(self, server):
-        import uvicorn
-
-        from speclab.serve.app import create_app
-
-        self.server = server
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=self.port,
-                                                log_level="critical"))
-        self.thread = threading.Thread(target=self.uv.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        for _ in range(400):
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        pytest.fail("the in-process server did not come up")
+class InProcess(InProcessServer):
+    """speclab.serve.inprocess.InProcessServer, checking that the app's shutdown stopped the engine."""
 
     def __exit__(self, *exc):
-        self.uv.should_exit = True
-        self.thread.join(30)
-        assert not self.server.engine.alive  # the app's shutdown stopped the engine thread
+        super().__exit__(*exc)
+        assert not self.server.engine.alive
 
 
 def test_plain_decoding_server(models):

@@ -1,0 +1,62 @@
+"""A ``speclab serve`` app on uvicorn in a thread of this process, on a free local port: what the app's
+Load tab measures by default, and what tests use for servers built around drafters made in-process."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from ..errors import SpeclabError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class InProcessServer:
+    """``with InProcessServer(Server(...)) as srv: srv.url`` — started on enter (waits for /health),
+    stopped on exit (the app's shutdown stops the engine thread)."""
+
+    def __init__(self, server, startup_timeout: float = 30.0):
+        import uvicorn
+
+        from .app import create_app
+
+        self.server = server
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.timeout = startup_timeout
+        self.uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=self.port,
+                                                log_level="critical", access_log=False))
+        self.thread = threading.Thread(target=self.uv.run, daemon=True, name=f"speclab-serve-{self.port}")
+
+    def start(self) -> "InProcessServer":
+        import httpx
+
+        self.thread.start()
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if not self.thread.is_alive():
+                break
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise SpeclabError(f"the in-process speclab serve did not come up on {self.url}")
+
+    def stop(self) -> None:
+        self.uv.should_exit = True
+        if self.thread.is_alive():
+            self.thread.join(30)
+
+    def __enter__(self) -> "InProcessServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
