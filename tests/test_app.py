@@ -355,3 +355,50 @@ def test_advisor_endpoint(client):
     bad = client.predict(core.ACCEPTANCE_SHIPPED, "", None, "tpu-v9", "llama-3.1-8b", core.DRAFT_BY_COST, 0.05,
                          4, 8, 0, 0, 256, api_name="/advise")
     assert "unknown hardware" in bad[0]
+
+
+def test_load_validation(models):
+    cfg = core.AppConfig.build(target=models["target"], draft=models["draft"])
+    ok = dict(server=core.LOAD_IN_PROCESS, url="", target=models["target"], draft=models["draft"],
+              policies=["off", "fixed"], k=4, levels=[4, 1], workload="json", requests=4, max_tokens=16)
+    s = core.validate_load(cfg, **ok)
+    assert s.levels == (1, 4) and s.cells == 4 and s.url is None
+    bad = {"server": ["bogus", core.LOAD_REMOTE], "policies": [[], ["bogus"]], "levels": [[], [0], [999]],
+           "workload": ["nope"], "requests": [0], "k": [0, 99]}
+    for key, values in bad.items():
+        for v in values:
+            with pytest.raises(SpeclabError):
+                core.validate_load(cfg, **{**ok, key: v})
+    with pytest.raises(SpeclabError, match="allow-remote-servers"):
+        core.validate_load(cfg, **{**ok, "server": core.LOAD_REMOTE, "url": "http://127.0.0.1:9"})
+    remote = core.AppConfig.build(target=models["target"], draft=models["draft"], allow_remote_servers=True)
+    assert core.validate_load(remote, **{**ok, "server": core.LOAD_REMOTE,
+                                         "url": "http://127.0.0.1:9/v1"}).url == "http://127.0.0.1:9"
+    with pytest.raises(SpeclabError, match="URL"):
+        core.validate_load(remote, **{**ok, "server": core.LOAD_REMOTE, "url": "ftp://x"})
+
+
+@pytest.mark.slow
+def test_load_tab_measures_its_own_server_and_reads_the_pacing(models):
+    """The Load tab's job: speclab serve started in this process per policy, speclab load at two levels; plain
+    decoding reads smooth, fixed-k speculation bursty, and the acceptance comes from /metrics."""
+    cfg = core.AppConfig.build(target=models["target"], draft=models["draft"])
+    s = core.validate_load(cfg, core.LOAD_IN_PROCESS, "", models["target"], models["draft"], ["off", "fixed"], 4,
+                           [1, 2], "json", 3, 32)
+    job = core.LoadJob(cfg, s).start()
+    assert job.wait(300) and job.error is None, job.error
+    table, acc = core.load_tables(job.results)
+    assert set(table["policy"]) == {"off", "fixed"} and len(table) == 4
+    assert (table["failed"] == 0).all() and (table["tok_s"] > 0).all()
+    assert set(table[table["policy"] == "off"]["verdict"]) == {"plain"}
+    assert set(table[table["policy"] == "fixed"]["verdict"]) == {"speculative"}
+    assert len(acc) == 2 and (acc["policy"] == "fixed").all() and (acc["acceptance_rate"] > 0).all()
+
+
+def test_load_tab_dead_server_is_one_line(models):
+    cfg = core.AppConfig.build(target=models["target"], draft=models["draft"], allow_remote_servers=True)
+    s = core.validate_load(cfg, core.LOAD_REMOTE, "http://127.0.0.1:9", models["target"], models["draft"], [], 4,
+                           [1], "json", 1, 8)
+    job = core.LoadJob(cfg, s).start()
+    assert job.wait(120)
+    assert isinstance(job.error, SpeclabError) and "failed" in str(job.error) and "\n" not in str(job.error)

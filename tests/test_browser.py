@@ -154,3 +154,23 @@ def test_timing_tab_renders(page, tmp_path):
     for plot in ("#plot-gaps", "#plot-cum", "#plot-ttft"):
         _wait_chart(page, plot)
     page.screenshot(path=str(tmp_path / "timing.png"), full_page=True)
+
+
+def test_advisor_tab_renders(page, tmp_path):
+    page.get_by_role("tab", name="Advisor").click()
+    page.locator("#advise-run").click()
+    status = _wait_status(page, "advise-status", timeout=60_000)
+    assert "✓" in status and "enable" in status, status
+    _wait_chart(page, "#plot-advice")
+    assert "Not covered" in page.locator("#advise-notes").inner_text()
+    page.screenshot(path=str(tmp_path / "advisor.png"), full_page=True)
+
+
+def test_load_tab_runs(page, tmp_path):
+    page.get_by_role("tab", name="Load").click()
+    page.locator("#load-run").click()
+    status = _wait_status(page, "load-status", timeout=300_000)
+    assert "✓" in status and "verdict" in status, status
+    for plot in ("#plot-load", "#plot-pace-low", "#plot-pace-high"):
+        _wait_chart(page, plot)
+    page.screenshot(path=str(tmp_path / "load.png"), full_page=True)

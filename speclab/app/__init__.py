@@ -1,10 +1,11 @@
 """The Gradio lab (``python app.py``; also a Hugging Face Space).
 
-    python app.py [--target NAME|PATH] [--draft NAME|PATH] [--allow-custom-models]
+    python app.py [--target NAME|PATH] [--draft NAME|PATH] [--allow-custom-models] [--allow-remote-servers]
                   [--host 127.0.0.1] [--port 7860] [--share]
 
 Environment: SPECLAB_TARGET, SPECLAB_DRAFT, SPECLAB_DRAFTS (extra drafts, comma separated),
-SPECLAB_ALLOW_CUSTOM_MODELS=1, SPECLAB_DEVICE; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT as usual.
+SPECLAB_ALLOW_CUSTOM_MODELS=1, SPECLAB_ALLOW_REMOTE_SERVERS=1, SPECLAB_DEVICE;
+GRADIO_SERVER_NAME / GRADIO_SERVER_PORT as usual.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--drafts", nargs="*", default=None, help="extra drafts offered in the app (env SPECLAB_DRAFTS)")
     p.add_argument("--allow-custom-models", action="store_true", default=None,
                    help="let users type any local directory or hub id as target/draft (off by default)")
+    p.add_argument("--allow-remote-servers", action="store_true", default=None,
+                   help="let the Load tab measure a server at a URL (off by default: only its own speclab serve)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    help="interface to bind (default 127.0.0.1; a Space sets GRADIO_SERVER_NAME)")
@@ -49,7 +52,8 @@ def main(argv=None) -> int:
 
     try:
         cfg = AppConfig.from_env(target=args.target, draft=args.draft, extra_drafts=args.drafts,
-                                 allow_custom_models=args.allow_custom_models, device=args.device)
+                                 allow_custom_models=args.allow_custom_models, device=args.device,
+                                 allow_remote_servers=args.allow_remote_servers)
     except SpeclabError as e:
         print(f"app.py: {e}", file=sys.stderr)
         return 2

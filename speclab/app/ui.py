@@ -428,6 +428,85 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                              [tm_status, tm_gaps, tm_cum, tm_ttft, tm_table], api_name="timing",
                              concurrency_id="decode")
 
+            # ============================================================ Load
+            with gr.Tab("Load", id="load"):
+                gr.Markdown("Serving under load: `speclab serve` with each policy (started here, one after "
+                            "another), measured from outside by `speclab load` at rising concurrency. Speculation "
+                            "pays when traffic is quiet and loses once concurrency fills the forward pass; an "
+                            "adaptive policy should follow the better of the two. The pacing verdict reads the "
+                            "stream only: bursty (speculative), smooth (plain), or adaptive (bursty at low load, "
+                            "smooth at high).")
+                remote_ok = cfg.allow_remote_servers
+                with gr.Row():
+                    with gr.Column():
+                        ld_server = _lenient(gr.Radio([core.LOAD_IN_PROCESS] + ([core.LOAD_REMOTE] if remote_ok
+                                                                                 else []),
+                                                      value=core.LOAD_IN_PROCESS, label="server"))
+                        ld_url = gr.Textbox("", label="URL (with --allow-remote-servers)", visible=remote_ok,
+                                            placeholder="http://127.0.0.1:8000")
+                        ld_target = _lenient(gr.Dropdown(target_choices, value=cfg.default_target, label="target",
+                                                         allow_custom_value=custom))
+                        ld_draft = _lenient(gr.Dropdown(draft_choices, value=cfg.default_draft, label="draft",
+                                                        allow_custom_value=custom))
+                    with gr.Column():
+                        ld_policies = _lenient(gr.CheckboxGroup(policies, value=[p for p in ("off", "fixed", "goodput")
+                                                                                 if p in policies],
+                                                                label="policies (off = plain decoding)"))
+                        ld_k = _lenient(gr.Slider(1, core.MAX_K, value=DEFAULT_K, step=1, label="k (largest k)"))
+                        ld_levels = _lenient(gr.CheckboxGroup(core.LOAD_LEVELS, value=[1, 4, 16],
+                                                              label="concurrency levels"))
+                    with gr.Column():
+                        ld_wl = _lenient(gr.Dropdown(workloads, value=first_wl, label="workload"))
+                        ld_reqs = _lenient(gr.Slider(1, 64, value=8, step=1, label="requests per level (at least "
+                                                     "the concurrency)"))
+                        ld_max = _lenient(gr.Slider(8, 256, value=48, step=8, label="max tokens"))
+                        ld_split = gr.Checkbox(False, label="one token per SSE chunk (the gaps alone must tell)")
+                with gr.Row():
+                    ld_btn = gr.Button("Run the load", variant="primary", elem_id="load-run")
+                    ld_stop = gr.Button("Stop", variant="stop")
+                ld_status = gr.Markdown("", elem_classes="speclab-status", elem_id="load-status")
+                ld_chart = gr.Plot(label="throughput and p95 TPOT vs load", show_label=False, elem_id="plot-load")
+                with gr.Row():
+                    ld_low = gr.Plot(label="pacing at low load", show_label=False, elem_id="plot-pace-low")
+                    ld_high = gr.Plot(label="pacing at high load", show_label=False, elem_id="plot-pace-high")
+                ld_table = gr.Dataframe(label="per policy and load level", interactive=False, wrap=True)
+                ld_acc = gr.Dataframe(label="acceptance scraped from /metrics over each level", interactive=False)
+                load_outputs = [ld_status, ld_chart, ld_low, ld_high, ld_table, ld_acc]
+
+                @gpu(600)
+                def _load(server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_, max_, split_,
+                          progress=gr.Progress()):
+                    skip = tuple(gr.skip() for _ in load_outputs[1:])
+                    try:
+                        s = core.validate_load(cfg, server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_,
+                                               max_, split_)
+                    except SpeclabError as e:
+                        gr.Warning(str(e))
+                        yield (_error_md(str(e)),) + skip
+                        return
+                    job = core.LoadJob(cfg, s).start()
+                    t0 = time.perf_counter()
+                    try:
+                        while not job.wait(0.5):
+                            progress(job.progress, desc=job.desc)
+                            yield (f"▶ {job.desc} ({job.progress:.0%}, {time.perf_counter() - t0:.0f} s)",) + skip
+                    finally:
+                        job.cancel()
+                    if job.error is not None:
+                        msg = _one_line(job.error)
+                        gr.Warning(msg)
+                        yield (_error_md(msg),) + skip
+                        return
+                    if not job.results:
+                        yield (_error_md("stopped before any level finished"),) + skip
+                        return
+                    yield _load_outputs(job.results, time.perf_counter() - t0)
+
+                ld_ev = ld_btn.click(_load, [ld_server, ld_url, ld_target, ld_draft, ld_policies, ld_k, ld_levels,
+                                             ld_wl, ld_reqs, ld_max, ld_split], load_outputs, api_name="load",
+                                     concurrency_limit=1, concurrency_id="load")
+                ld_stop.click(lambda: "⏹ load stopped", None, ld_status, cancels=[ld_ev], api_visibility="private")
+
             # ============================================================ Advisor
             with gr.Tab("Advisor", id="advisor"):
                 gr.Markdown("Should this deployment speculate? The rubric (decode-bound, acceptance, concurrency "
@@ -538,3 +617,26 @@ def _advice_outputs(a):
     notes = "\n".join([f"* {n}" for n in a.notes] + ["", "**Not covered by the rubric:**"]
                       + [f"* {n}" for n in a.not_covered])
     return status, verdicts, viz.advisor_curves_chart(a.curves), rubric, notes
+
+
+def _load_outputs(results: dict, seconds: float):
+    from ..load.charts import load_chart, pacing_strip
+
+    table, acc = core.load_tables(results)
+    verdicts = "; ".join(f"{name}: **{r['verdict']['verdict']}**" for name, r in results.items())
+    msg = f"✓ {len(table)} cells in {seconds:.0f} s. Pacing verdicts: {verdicts}"
+    chart = load_chart(table.rename(columns={"policy": "policy"}).to_dict("records"), series="policy")
+    spec = next((n for n in results if n not in ("off", "remote")), next(iter(results)))
+    levels = results[spec]["levels"]
+
+    def strip(lv):
+        ok = [r for r in lv["requests"] if r.get("ok")]
+        if not ok:
+            return None
+        rec = max(ok, key=lambda r: len(r["chunk_times"]))
+        return pacing_strip(rec, title=f"{spec} at {lv['level']['label']}: {lv['fingerprint']['call']}")
+
+    cols = ["policy", "load", "completed", "failed", "tok_s", "ttft_p50_ms", "tpot_mean_ms", "tpot_p95_ms",
+            "e2e_p95_ms", "tokens_per_burst", "call", "verdict"]
+    return (msg, chart, strip(levels[0]), strip(levels[-1]) if len(levels) > 1 else None,
+            table[[c for c in cols if c in table.columns]].round(2), acc.round(3) if len(acc) else None)
