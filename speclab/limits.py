@@ -74,3 +74,26 @@ def check_context(prompt_len: int, max_new_tokens: int, context: int, model: str
     if need > context:
         raise SpeclabError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = {need} exceeds the "
                            f"context of '{model}' ({context} tokens)")
+
+
+def parse_numbers(spec, what: str, *, integer: bool = False, lo: float = 0.0, lo_open: bool = True,
+                  hi: float = math.inf) -> list:
+    """A comma list of numbers from a command line ("1,4,16"), each in (lo, hi] (or [lo, hi]); whole
+    numbers when ``integer``. Empty parts are skipped; an empty list is an error."""
+    out = []
+    for part in str(spec).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            v = float(part)
+        except ValueError:
+            raise SpeclabError(f"{what}: {part!r} is not a number (give a comma list, e.g. 1,4,16)") from None
+        if not math.isfinite(v) or v > hi or v < lo or (lo_open and v <= lo) or (integer and v != int(v)):
+            kind = "whole numbers" if integer else "numbers"
+            span = f"{'>' if lo_open else '>='} {lo:g}" + (f" and <= {hi:g}" if hi != math.inf else "")
+            raise SpeclabError(f"{what} wants {kind} {span}, got {part}")
+        out.append(int(v) if integer else v)
+    if not out:
+        raise SpeclabError(f"{what}: no values given")
+    return out

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import SpeclabError
+from ..limits import parse_numbers
 from .costmodel import (
     MeasuredCosts,
     alpha_from_mean_length,
@@ -790,7 +791,7 @@ def _cmd_check_cpu(args) -> int:
 
     from .cpucheck import check_cpu, format_check, write_json
 
-    batches = _ints(args.batches, "--batches")
+    batches = parse_numbers(args.batches, "--batches", integer=True)
     synthetic = []
     for part in (args.synthetic or "").split(","):
         if part.strip():
@@ -810,19 +811,6 @@ def _cmd_check_cpu(args) -> int:
     if args.json:
         print(f"wrote {write_json(rep, args.json)}")
     return 0
-
-
-def _ints(spec: str, flag: str) -> list[int]:
-    out = []
-    for part in str(spec).split(","):
-        if part.strip():
-            v = _num(part)
-            if v is None or v != int(v) or v < 1:
-                raise SpeclabError(f"{flag} wants whole numbers >= 1, comma-separated, got '{spec}'")
-            out.append(int(v))
-    if not out:
-        raise SpeclabError(f"{flag} is empty")
-    return out
 
 
 def add_commands(subparsers) -> None:

@@ -28,6 +28,7 @@ import time
 import torch
 
 from ..engine import SpeculativeDecoder, sync
+from ..limits import parse_numbers
 from .costmodel import step_costs
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -174,8 +175,8 @@ def run_compare(args) -> int:
 
     check_same_tokenizer(target, draft)
     dev = target.device
-    ks = [int(x) for x in str(args.ks).split(",") if x]
-    batches = [int(x) for x in str(args.batches).split(",") if x]
+    ks = parse_numbers(args.ks, "--ks", integer=True, hi=32)
+    batches = parse_numbers(args.batches, "--batches", integer=True, hi=16384)
     wl_names = workload_names(args.workload)
     n_prompts = args.prompts_per_workload
     M = Methods(target, draft, args.max_new_tokens)

@@ -438,37 +438,29 @@ def validate_sweep(cfg: AppConfig, target, workloads, drafts, ks, batches, promp
     return s
 
 
-class SweepJob:
-    """``run_sweep`` on a worker thread, so the caller can poll progress and cancel it."""
+class Job:
+    """Work on a worker thread that the UI polls (``progress``, ``desc``), can ``cancel()`` (honoured
+    between steps) and reads ``error`` from when it is done."""
 
-    def __init__(self, cfg: AppConfig, s: SweepSettings):
+    def __init__(self, cfg: AppConfig, s, desc: str = "starting"):
         self.cfg, self.s = cfg, s
-        self.progress = 0.0
-        self.desc = "loading models"
-        self.df = None
+        self.progress, self.desc = 0.0, desc
         self.error: BaseException | None = None
         self._cancel = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._guarded, daemon=True)
 
-    def start(self) -> "SweepJob":
+    def start(self):
         self._thread.start()
         return self
 
-    def _run(self) -> None:
-        from ..analysis.sweep import SweepSpec, run_sweep
-
+    def _guarded(self) -> None:
         try:
-            target = get_target(self.cfg, self.s.target)
-            for d in self.s.drafts:  # check tokenizers and warm up before measuring anything
-                if self._cancel.is_set():
-                    return
-                warm_up(target, d)
-            spec = SweepSpec(list(self.s.workloads), list(self.s.drafts), list(self.s.ks), list(self.s.batches),
-                             temperature=self.s.temperature, max_new_tokens=self.s.max_new_tokens,
-                             prompts_per_workload=self.s.prompts_per_workload, seed=self.s.seed)
-            self.df = run_sweep(target, spec, progress=self._progress, cancel=self._cancel.is_set)
+            self._run()
         except BaseException as e:  # noqa: BLE001 - reported by the caller
             self.error = e
+
+    def _run(self) -> None:
+        raise NotImplementedError
 
     def _progress(self, frac: float, desc: str) -> None:
         self.progress, self.desc = frac, desc
@@ -483,6 +475,27 @@ class SweepJob:
     def wait(self, timeout: float) -> bool:
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+
+class SweepJob(Job):
+    """``run_sweep`` on a worker thread, so the caller can poll progress and cancel it."""
+
+    def __init__(self, cfg: AppConfig, s: SweepSettings):
+        super().__init__(cfg, s, "loading models")
+        self.df = None
+
+    def _run(self) -> None:
+        from ..analysis.sweep import SweepSpec, run_sweep
+
+        target = get_target(self.cfg, self.s.target)
+        for d in self.s.drafts:  # check tokenizers and warm up before measuring anything
+            if self._cancel.is_set():
+                return
+            warm_up(target, d)
+        spec = SweepSpec(list(self.s.workloads), list(self.s.drafts), list(self.s.ks), list(self.s.batches),
+                         temperature=self.s.temperature, max_new_tokens=self.s.max_new_tokens,
+                         prompts_per_workload=self.s.prompts_per_workload, seed=self.s.seed)
+        self.df = run_sweep(target, spec, progress=self._progress, cancel=self._cancel.is_set)
 
 
 def sweep_table(df):
@@ -703,29 +716,14 @@ def validate_load(cfg: AppConfig, server, url, target, draft, policies, k, level
     return s
 
 
-class LoadJob:
+class LoadJob(Job):
     """``speclab load`` over rising concurrency against each policy's ``speclab serve`` (started in this
-    process, one after another) or a server at a URL, on a worker thread: poll ``progress``, ``cancel()``
-    stops after the current level."""
+    process, one after another) or a server at a URL, on a worker thread; ``cancel()`` stops after the
+    current level."""
 
     def __init__(self, cfg: AppConfig, s: LoadSettings):
-        self.cfg, self.s = cfg, s
-        self.progress, self.desc = 0.0, "starting"
+        super().__init__(cfg, s)
         self.results: dict[str, dict] = {}  # series name -> speclab load result
-        self.error: BaseException | None = None
-        self._cancel = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> "LoadJob":
-        self._thread.start()
-        return self
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    def wait(self, timeout: float) -> bool:
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
 
     def _server(self, policy: str):
         from ..analysis.sweep import new_drafter
@@ -748,44 +746,41 @@ class LoadJob:
         from ..load.runner import LoadSpec, run
         from ..load.shapes import LoadLevel
 
-        try:
-            prompts = load_prompts(self.s.workload)
-            series = self.s.policies if self.s.server == LOAD_IN_PROCESS else ("remote",)
-            total, done = self.s.cells, 0
-            for name in series:
-                if self._cancel.is_set():
-                    return
-                self.desc = f"starting speclab serve ({name})" if name != "remote" else "contacting the server"
-                ctx, model = self._server(name) if name != "remote" else (None, None)
-                url = ctx.start().url if ctx is not None else self.s.url
-                try:
-                    ep = Endpoint(url, model=model, max_tokens=self.s.max_tokens, timeout=60.0)
-                    levels = []
-                    for i, c in enumerate(self.s.levels):
-                        if self._cancel.is_set():
-                            break
-                        self.desc = f"{name}: concurrency {c}"
-                        spec = LoadSpec([LoadLevel("concurrency", c)], prompts, num_requests=max(self.s.requests, c),
-                                        quiet=True, warmup=1 if i == 0 else 0, tokenizer=None)
-                        r = run(ep, spec)
-                        if all(lv["summary"]["completed"] == 0 for lv in r["levels"]):
-                            why = r["levels"][0]["summary"].get("failure_examples") or ["no request completed"]
-                            raise SpeclabError(f"{url}: every request failed ({why[0]})")
-                        levels += r["levels"]
-                        done += 1
-                        self.progress = done / total
-                    if levels:
-                        from ..load import fingerprint
+        prompts = load_prompts(self.s.workload)
+        series = self.s.policies if self.s.server == LOAD_IN_PROCESS else ("remote",)
+        total, done = self.s.cells, 0
+        for name in series:
+            if self._cancel.is_set():
+                return
+            self.desc = f"starting speclab serve ({name})" if name != "remote" else "contacting the server"
+            ctx, model = self._server(name) if name != "remote" else (None, None)
+            url = ctx.start().url if ctx is not None else self.s.url
+            try:
+                ep = Endpoint(url, model=model, max_tokens=self.s.max_tokens, timeout=60.0)
+                levels = []
+                for i, c in enumerate(self.s.levels):
+                    if self._cancel.is_set():
+                        break
+                    self.desc = f"{name}: concurrency {c}"
+                    spec = LoadSpec([LoadLevel("concurrency", c)], prompts, num_requests=max(self.s.requests, c),
+                                    quiet=True, warmup=1 if i == 0 else 0, tokenizer=None)
+                    r = run(ep, spec)
+                    if all(lv["summary"]["completed"] == 0 for lv in r["levels"]):
+                        why = r["levels"][0]["summary"].get("failure_examples") or ["no request completed"]
+                        raise SpeclabError(f"{url}: every request failed ({why[0]})")
+                    levels += r["levels"]
+                    done += 1
+                    self.progress = done / total
+                if levels:
+                    from ..load import fingerprint
 
-                        r["levels"] = levels
-                        r["verdict"] = fingerprint.verdict([(lv["level"]["label"], lv["level"]["value"],
-                                                             lv["fingerprint"]) for lv in levels])
-                        self.results[name] = r
-                finally:
-                    if ctx is not None:
-                        ctx.stop()
-        except BaseException as e:  # noqa: BLE001 - reported by the caller
-            self.error = e
+                    r["levels"] = levels
+                    r["verdict"] = fingerprint.verdict([(lv["level"]["label"], lv["level"]["value"],
+                                                         lv["fingerprint"]) for lv in levels])
+                    self.results[name] = r
+            finally:
+                if ctx is not None:
+                    ctx.stop()
 
 
 def load_tables(results: dict[str, dict]):

@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass
 
 from ..errors import SpeclabError
+from ..limits import parse_numbers
 
 MAX_ARRIVALS = 100_000  # a duration-bounded open-loop run at a silly rate must not build a huge list
 
@@ -38,39 +39,16 @@ class LoadLevel:
         return {"kind": self.kind, "value": self.value, "burstiness": self.burstiness, "label": self.label}
 
 
-def _numbers(spec: str, what: str) -> list[float]:
-    out = []
-    for part in str(spec).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            v = float(part)
-        except ValueError:
-            raise SpeclabError(f"{what}: {part!r} is not a number (give a comma list, e.g. 1,4,16)") from None
-        if not math.isfinite(v) or v <= 0:
-            raise SpeclabError(f"{what} must be positive, got {part}")
-        out.append(v)
-    if not out:
-        raise SpeclabError(f"{what}: no values given")
-    return out
-
-
 def concurrency_levels(spec: str) -> list[LoadLevel]:
     """``"1,4,16"`` -> three closed-loop levels, in the order given."""
-    levels = []
-    for v in _numbers(spec, "--concurrency"):
-        if v != int(v) or v > 4096:
-            raise SpeclabError(f"--concurrency values must be whole numbers from 1 to 4096, got {v:g}")
-        levels.append(LoadLevel("concurrency", int(v)))
-    return levels
+    return [LoadLevel("concurrency", v) for v in parse_numbers(spec, "--concurrency", integer=True, hi=4096)]
 
 
 def rate_levels(spec: str, burstiness: float = 1.0) -> list[LoadLevel]:
     """``"2,8"`` -> two open-loop levels at 2 and 8 requests/s."""
     if not (burstiness > 0):
         raise SpeclabError(f"--burstiness must be positive, got {burstiness}")
-    return [LoadLevel("rate", v, float(burstiness)) for v in _numbers(spec, "--rate")]
+    return [LoadLevel("rate", v, float(burstiness)) for v in parse_numbers(spec, "--rate")]
 
 
 def arrival_times(rate: float, burstiness: float, seed: int, num_requests: int | None = None,
