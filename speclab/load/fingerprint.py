@@ -318,20 +318,33 @@ def _evidence_line(label: str, fp: dict) -> str:
     return line
 
 
+def verdict_of_calls(calls: list[str]) -> str:
+    """The verdict rule alone (rule 6), from per-level calls ordered by rising load: "late" counts as
+    smooth, "unknown" levels are skipped. e.g. [bursty, bursty, late] -> adaptive; [smooth, bursty] ->
+    inconclusive; [] -> inconclusive."""
+    calls = [{"late": "smooth"}.get(c, c) for c in calls if c != "unknown"]
+    if not calls:
+        return "inconclusive"
+    if all(c == "smooth" for c in calls):
+        return "plain"
+    if all(c == "bursty" for c in calls):
+        return "speculative"
+    flips = sum(1 for a, b in zip(calls, calls[1:]) if a != b)
+    return "adaptive" if calls[0] == "bursty" and calls[-1] == "smooth" and flips == 1 else "inconclusive"
+
+
 def verdict(levels: list[tuple[str, float, dict]]) -> dict:
     """The server's verdict from its levels' fingerprints: ``levels`` = [(label, load, fingerprint)], any
     order (sorted here by load). Returns {"verdict", "evidence": [lines], "calls": [...]}."""
     levels = sorted(levels, key=lambda x: x[1])
     evidence = [_evidence_line(label, fp) for label, _, fp in levels]
     calls = [{"late": "smooth"}.get(fp["call"], fp["call"]) for _, _, fp in levels if fp["call"] != "unknown"]
+    v = verdict_of_calls(calls)
     if not calls:
-        v = "inconclusive"
         evidence.append("no load level gave enough evidence: send more requests or more max tokens")
-    elif all(c == "smooth" for c in calls):
-        v = "plain"
+    elif v == "plain":
         evidence.append("evenly paced at every load: plain decoding (or speculation accepting too little to see)")
-    elif all(c == "bursty" for c in calls):
-        v = "speculative"
+    elif v == "speculative":
         evidence.append("tokens arrive in bursts at every load: speculative decoding")
         bs = [fp["accepted_length_estimate"] for _, _, fp in levels if fp["call"] == "bursty"]
         if len(bs) >= 2 and bs[0] and bs[-1] and bs[-1] - 1 < 0.5 * (bs[0] - 1):
@@ -339,13 +352,9 @@ def verdict(levels: list[tuple[str, float, dict]]) -> dict:
                             "may adapt to load without switching off")
         if len(calls) == 1:
             evidence.append("one load level: telling adaptive from speculative needs at least two")
+    elif v == "adaptive":
+        evidence.append("bursty at low load, smooth at high load: speculation is switched off as load rises")
     else:
-        flips = sum(1 for a, b in zip(calls, calls[1:]) if a != b)
-        if calls[0] == "bursty" and calls[-1] == "smooth" and flips == 1:
-            v = "adaptive"
-            evidence.append("bursty at low load, smooth at high load: speculation is switched off as load rises")
-        else:
-            v = "inconclusive"
-            evidence.append(f"bursty/smooth pattern {' -> '.join(calls)} by rising load fits neither plain, "
-                            "speculative nor adaptive")
+        evidence.append(f"bursty/smooth pattern {' -> '.join(calls)} by rising load fits neither plain, "
+                        "speculative nor adaptive")
     return {"verdict": v, "evidence": evidence, "calls": [fp["call"] for _, _, fp in levels]}

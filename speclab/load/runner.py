@@ -211,5 +211,13 @@ async def run_async(endpoint: Endpoint, spec: LoadSpec) -> dict:
 
 
 def run(endpoint: Endpoint, spec: LoadSpec) -> dict:
-    """Synchronous :func:`run_async` (for the CLI, the benchmark and notebooks)."""
-    return asyncio.run(run_async(endpoint, spec))
+    """Synchronous :func:`run_async` (for the CLI, the benchmark and notebooks). Called where an event loop
+    already runs in this thread (a Jupyter kernel), it runs the load on a fresh loop in a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run_async(endpoint, spec))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run_async(endpoint, spec)).result()

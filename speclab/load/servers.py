@@ -134,8 +134,9 @@ def vllm_venv(path: str | None = None) -> Path | None:
 
 
 def vllm_serve(venv: Path, model_dir: str, speculative_config: dict | None = None, *, port: int | None = None,
-               max_model_len: int = 1024, start_timeout: float = 400.0) -> ManagedServer:
-    """Start vLLM's OpenAI server from ``venv`` as docs/vllm.md says (fp32, offline, 1 GiB of KV cache)."""
+               max_model_len: int = 1024, start_timeout: float = 400.0, env: dict | None = None) -> ManagedServer:
+    """Start vLLM's OpenAI server from ``venv`` as docs/vllm.md says (fp32, offline, 1 GiB of KV cache);
+    ``env``: more environment variables (e.g. ``VLLM_LOG_STATS_INTERVAL``)."""
     port = port or free_port()
     cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
            "--dtype", "float32", "--max-model-len", str(max_model_len), "--host", "127.0.0.1", "--port", str(port)]
@@ -144,5 +145,6 @@ def vllm_serve(venv: Path, model_dir: str, speculative_config: dict | None = Non
         cmd += ["--chat-template", str(template)]
     if speculative_config:
         cmd += ["--speculative-config", json.dumps(speculative_config)]
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    return ManagedServer("vllm", cmd, port, env=env, start_timeout=start_timeout)
+    full_env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                **(env or {})}
+    return ManagedServer("vllm", cmd, port, env=full_env, start_timeout=start_timeout)

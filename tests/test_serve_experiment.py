@@ -1,0 +1,220 @@
+"""The seed experiment (``speclab bench --serve-experiment``, issue 13): its judging by hand, a tiny real run
+against ``speclab serve`` (plain and fixed k, two levels, one workload), and a run against real vLLM's
+adaptive form (its batch-size table) when the vLLM venv is present."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speclab.analysis import serve_judge as J
+from speclab.load.fingerprint import verdict_of_calls
+
+# ---------------------------------------------------------------- judging, by hand
+
+
+def test_verdict_of_calls_rule():
+    assert verdict_of_calls(["smooth", "late", "unknown"]) == "plain"
+    assert verdict_of_calls(["bursty", "unknown", "bursty"]) == "speculative"
+    assert verdict_of_calls(["bursty", "bursty", "late", "smooth"]) == "adaptive"
+    assert verdict_of_calls(["bursty", "smooth", "bursty"]) == "inconclusive"
+    assert verdict_of_calls(["smooth", "bursty"]) == "inconclusive"
+    assert verdict_of_calls(["unknown"]) == "inconclusive"
+
+
+def _req(rounds, drafted, accepted, ok=True):
+    return {"ok": ok, "speculation": {"rounds": rounds, "drafted_tokens": drafted, "accepted_tokens": accepted}}
+
+
+def test_inside_from_speclab_responses_and_vllm_metrics():
+    ins = J.inside_speclab([_req(10, 40, 20), _req(30, 0, 0), _req(99, 9, 9, ok=False)])
+    assert (ins["rounds"], ins["drafted_tokens"], ins["accepted_tokens"]) == (40, 40, 20)
+    assert ins["accepted_per_round"] == pytest.approx(0.5)
+    assert J.inside_speclab([{"ok": True, "speculation": None}]) is None
+    # vLLM, fixed k: 4 requests of 32 tokens, 38 drafts, 99 accepted (13 accepted past max_tokens, never emitted):
+    # every round drafted, so rounds = drafts
+    w = {"generation_tokens": 128.0, "spec_decode": {"drafts": 38.0, "draft_tokens": 152.0, "accepted_tokens": 99.0}}
+    ins = J.inside_metrics(w, 4)
+    assert ins["rounds"] == 38 and ins["accepted_per_round"] == pytest.approx(99 / 38) and ins["spec_on_share"] == 1
+    # a batch-size table that switched speculation off: 1 draft, the other rounds one token each
+    w = {"generation_tokens": 1024.0, "spec_decode": {"drafts": 1.0, "draft_tokens": 4.0, "accepted_tokens": 4.0}}
+    ins = J.inside_metrics(w, 32)
+    assert ins["rounds"] == 1 + (1024 - 32 - 1 - 4) and ins["accepted_per_round"] < J.SPEC_OFF
+    plain = J.inside_metrics({"generation_tokens": 64.0, "spec_decode": None}, 2)
+    assert plain["accepted_per_round"] == 0.0 and plain["rounds"] == 62
+    assert J.inside_metrics({"unavailable": "x"}, 2) is None
+
+
+def test_expected_calls_and_letters():
+    assert J.expected_from_inside(0.25) == "bursty" and J.expected_from_inside(2.0) == "bursty"
+    assert J.expected_from_inside(0.029) == "smooth" and J.expected_from_inside(0.0) == "smooth"
+    assert J.expected_from_inside(0.1) is None and J.expected_from_inside(None) is None
+    assert [J.did_letter(x) for x in (1.0, 0.0, 0.1, None)] == ["B", "S", "~", "?"]
+
+
+def _cell(server, role, c, call, acc=None, tok_s=100.0, wl="json", split=False):
+    return {"server": server, "role": role, "workload": wl, "concurrency": c, "call": call, "tok_s": tok_s,
+            "split": split, "inside": None if acc is None else {"accepted_per_round": acc}}
+
+
+def test_pacing_check_nominal_and_as_behaved():
+    assert J.pacing_check(_cell("p", "plain", 1, "late"))["ok"]  # late delivery counts as smooth
+    assert not J.pacing_check(_cell("p", "plain", 1, "bursty"))["ok"]
+    assert not J.pacing_check(_cell("f", "fixed", 1, "unknown", acc=2.0))["ok"]
+    assert J.pacing_check(_cell("f", "fixed", 32, "bursty", acc=0.0))["ok"]  # fixed k: bursty whatever it accepted
+    a = "adaptive"
+    assert J.pacing_check(_cell("a", a, 1, "bursty", acc=1.5))["ok"]
+    assert not J.pacing_check(_cell("a", a, 32, "bursty", acc=0.0))["ok"]  # switched off: must read smooth
+    assert J.pacing_check(_cell("a", a, 8, "smooth", acc=0.1))["ok"] and J.pacing_check(_cell("a", a, 8, "bursty",
+                                                                                               acc=0.1))["ok"]
+    assert not J.pacing_check(_cell("a", a, 8, "unknown", acc=0.1))["ok"]
+
+
+def test_allowed_verdicts_and_verdict_check():
+    assert J.allowed_verdicts("plain", ["bursty"]) == {"plain"}
+    assert J.allowed_verdicts("fixed", [None]) == {"speculative"}
+    assert J.allowed_verdicts("adaptive", ["bursty", None, "smooth"]) == {"adaptive"}
+    assert J.allowed_verdicts("adaptive", ["bursty", None]) == {"speculative", "adaptive"}
+    assert J.allowed_verdicts("adaptive", ["bursty", "bursty"]) == {"speculative"}
+    assert J.allowed_verdicts("lookup", ["smooth", "smooth"]) == {"plain"}
+    cells = [_cell("a", "adaptive", 32, "smooth", acc=0.0), _cell("a", "adaptive", 1, "bursty", acc=1.2),
+             _cell("a", "adaptive", 8, "late", acc=0.1)]
+    vc = J.verdict_check("adaptive", cells, "adaptive")
+    assert vc["ok"] and vc["levels"] == [1, 8, 32] and vc["did"] == "B~S" and vc["allowed"] == ["adaptive"]
+    assert not J.verdict_check("adaptive", cells, "speculative")["ok"]
+
+
+def test_throughput_check_against_the_better_of_plain_and_fixed():
+    cells = [_cell("p", "plain", 1, "smooth", tok_s=100), _cell("f", "fixed", 1, "bursty", tok_s=150),
+             _cell("p", "plain", 8, "smooth", tok_s=300), _cell("f", "fixed", 8, "bursty", tok_s=200),
+             _cell("a", "adaptive", 1, "bursty", tok_s=144), _cell("a", "adaptive", 8, "smooth", tok_s=280),
+             _cell("a s", "adaptive", 8, "smooth", tok_s=1, split=True)]
+    rows = J.throughput_checks(cells, "p", "f")
+    assert [(r["concurrency"], r["ok"]) for r in rows] == [(1, True), (8, False)]  # 144/150 = 0.96, 280/300 = 0.93
+    assert rows[0]["ratio_to_best"] == pytest.approx(0.96)
+
+
+def test_speclab_acceptance_check_exact():
+    sd = {"accepted_tokens": 20.0, "draft_tokens": 40.0, "accepted_per_position": [8.0, 6.0, 4.0, 2.0],
+          "acceptance_rate": 0.5}
+    cell = {"server": "f", "workload": "json", "concurrency": 1, "server_metrics": {"spec_decode": sd},
+            "engine_counters": {"accepted_tokens": 20, "drafted_tokens": 40}}
+    assert J.speclab_acceptance_check(cell)["ok"]
+    cell["engine_counters"] = {"accepted_tokens": 19, "drafted_tokens": 40}
+    assert not J.speclab_acceptance_check(cell)["ok"]
+    cell["server_metrics"] = {"spec_decode": None}  # no spec-decode counters: the engine drafted nothing
+    assert not J.speclab_acceptance_check(cell)["ok"]
+    cell["engine_counters"] = {"accepted_tokens": 0, "drafted_tokens": 0}
+    assert J.speclab_acceptance_check(cell)["ok"]
+
+
+LOG = """(APIServer pid=1) INFO 11-30 14:44:31 [loggers.py:335] Engine 000: Avg prompt throughput: 337.0 tokens/s
+(APIServer pid=1) INFO 11-30 14:44:31 [metrics.py:120] SpecDecoding metrics: Mean acceptance length: 3.70, \
+Accepted throughput: 22.22 tokens/s, Drafted throughput: 32.98 tokens/s, Accepted: 248 tokens, Drafted: 368 tokens, \
+Per-position acceptance rate: 0.761, 0.674, 0.630, 0.630, Avg Draft acceptance rate: 67.4%
+(APIServer pid=1) INFO 11-30 14:44:33 [metrics.py:120] SpecDecoding metrics: Mean acceptance length: 4.22, \
+Accepted throughput: 28.74 tokens/s, Drafted throughput: 35.68 tokens/s, Accepted: 58 tokens, Drafted: 72 tokens, \
+Per-position acceptance rate: 0.889, 0.778, 0.778, 0.778, Avg Draft acceptance rate: 80.6%
+"""
+
+
+def test_vllm_engine_log_against_scraped_counters():
+    log = J.parse_engine_log(LOG)
+    assert log == {"lines": 2, "accepted_tokens": 306, "draft_tokens": 440}
+    since = {"spec_decode": {"accepted_tokens": 306.0, "draft_tokens": 440.0, "drafts": 110.0,
+                             "accepted_per_position": [90.0, 80.0, 70.0, 66.0], "acceptance_rate": 306 / 440,
+                             "mean_acceptance_length": 1 + 306 / 110}}
+    assert J.vllm_acceptance_check("v", since, log)["ok"]
+    since["spec_decode"]["accepted_tokens"] = 305.0
+    assert not J.vllm_acceptance_check("v", since, log)["ok"]
+    assert J.vllm_acceptance_check("v", {"spec_decode": None}, J.parse_engine_log("nothing"))["ok"]
+
+
+def test_configs_and_vllm_table():
+    from speclab.analysis.serve_experiment import ExperimentSpec, speclab_configs, split_configs, vllm_table
+    from speclab.errors import SpeclabError
+
+    assert vllm_table("1-2=4,3-4=2,5-=0") == [[1, 2, 4], [3, 4, 2], [5, 1_000_000, 0]]
+    cfgs = speclab_configs(ExperimentSpec(policies=["goodput", "batch-table", "off"], table="1-1=4,2-=0"))
+    assert [c.name for c in cfgs] == ["speclab plain", "speclab fixed k=4", "speclab goodput", "speclab batch-table"]
+    assert [c.role for c in cfgs] == ["plain", "fixed", "adaptive", "adaptive"]
+    assert cfgs[0].spec is None and cfgs[3].policy == "batch-table:1-1=4,2-=0"
+    assert [c.name for c in split_configs(cfgs)] == ["speclab fixed k=4 split", "speclab goodput split",
+                                                    "speclab batch-table split"]
+    with pytest.raises(SpeclabError, match="unknown policy"):
+        speclab_configs(ExperimentSpec(policies=["nope"]))
+
+
+# ---------------------------------------------------------------- a tiny real run against speclab serve
+
+
+@pytest.mark.slow
+def test_tiny_experiment_on_speclab_serve(tmp_path, capsys):
+    pytest.importorskip("fastapi")
+    from speclab.cli import main
+    from speclab.family import DEFAULT_TARGET, resolve
+
+    if resolve(DEFAULT_TARGET) is None:
+        pytest.skip("family weights not present")
+    out = tmp_path / "exp.json"
+    rc = main(["bench", "--serve-experiment", "--no-vllm", "--policy-list", "none", "--workload", "json",
+               "--concurrency", "1,4", "--requests", "4", "--max-new-tokens", "24", "--quiet", "--json", str(out),
+               "--charts", str(tmp_path / "charts")])
+    assert rc == 0
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert {"settings", "thresholds", "cells", "verdicts", "checks", "check_summary", "crossover", "wall_s"} <= set(res)
+    cells = {(c["server"], c["concurrency"]): c for c in res["cells"]}
+    assert set(cells) == {(s, c) for s in ("speclab plain", "speclab fixed k=4", "speclab fixed k=4 split")
+                          for c in (1, 4)}
+    for c in res["cells"]:
+        assert c["failed"] == 0 and c["completed"] == 4 and c["tok_s"] > 0 and len(c["requests"]) == 4
+        assert {"call", "fingerprint", "summary", "server_metrics", "inside", "tpot_p95_ms"} <= set(c)
+    verdicts = {v["server"]: v["verdict"] for v in res["verdicts"]}
+    assert verdicts == {"speclab plain": "plain", "speclab fixed k=4": "speculative",
+                        "speclab fixed k=4 split": "speculative"}, res["verdicts"]
+    for c in (1, 4):  # one token per chunk: the gaps alone carried the evidence
+        assert cells[("speclab fixed k=4 split", c)]["mean_tokens_per_chunk"] == 1.0
+        assert cells[("speclab fixed k=4", c)]["inside"]["accepted_per_round"] > J.SPEC_ON
+        assert cells[("speclab plain", c)]["inside"]["accepted_per_round"] == 0
+    summ = res["check_summary"]
+    assert summ["pacing"] == {"passed": 6, "total": 6, "ok": True}
+    assert summ["verdict"] == {"passed": 3, "total": 3, "ok": True}
+    assert summ["acceptance"]["ok"] and summ["acceptance"]["total"] == 4  # the speculative cells, exact
+    assert summ["throughput"]["total"] == 0  # no adaptive server here
+    assert set(res["crossover"]["speclab"]["by_workload"]["json"]["speedup"]) == {"1", "4"}
+    assert "workload json" in text and "verdicts" in text and "crossover speclab json" in text
+    assert {p.name for p in (tmp_path / "charts").iterdir()} == {"serve_speclab_json.html", "pacing_speclab_json.html",
+                                                                 "calls.html"}
+
+
+# ---------------------------------------------------------------- against real vLLM: its own adaptive form
+
+
+@pytest.mark.slow
+def test_vllm_batch_table_is_adaptive_and_counters_match_its_engine_log():
+    """vLLM's num_speculative_tokens_per_batch_size (k = 4 with one running request, off from two): bursty at
+    concurrency 1, smooth at 8 (only the last request's tail drafts there), and its /metrics counters equal
+    what its engine logged (1.5-3 minutes)."""
+    from speclab.analysis.serve_experiment import ExperimentSpec, run_experiment
+    from speclab.family import DEFAULT_TARGET, resolve
+    from speclab.load.servers import vllm_venv
+
+    if vllm_venv() is None:
+        pytest.skip("no vLLM venv (set SPECLAB_VLLM_VENV or run scripts/setup_vllm)")
+    if resolve(DEFAULT_TARGET) is None:
+        pytest.skip("family weights not present")
+    spec = ExperimentSpec(speclab=False, vllm_kinds=["batch-table"], table="1-1=4,2-=0", workloads=["json"],
+                          levels=[1, 8], requests=8, max_tokens=32)
+    res = run_experiment(spec, log=lambda *a: None)
+    assert not res["notes"], res["notes"]
+    cells = {c["concurrency"]: c for c in res["cells"]}
+    assert set(cells) == {1, 8} and all(c["failed"] == 0 for c in cells.values())
+    low, high = cells[1]["inside"], cells[8]["inside"]
+    assert low["spec_on_share"] == 1 and low["accepted_per_round"] > J.SPEC_ON  # k = 4 at one running request
+    assert high["spec_on_share"] < 0.2 and high["accepted_per_round"] < 0.1  # off while two or more run
+    assert res["verdicts"][0]["verdict"] == "adaptive", res["verdicts"]
+    assert res["check_summary"]["pacing"]["ok"] and res["check_summary"]["verdict"]["ok"]
+    acc = res["checks"]["acceptance"]
+    assert len(acc) == 1 and acc[0]["ok"] and acc[0]["log_lines"] > 0, acc
