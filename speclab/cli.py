@@ -69,6 +69,8 @@ def cmd_generate(args) -> int:
     from .defaults import setup_threads
     from .drafters import make_drafter
     from .engine import SpeculativeDecoder, make_policy
+    from .engine.costs import calibration_rows
+    from .engine.policies import ADAPTIVE
     from .limits import check_batch, check_k
     from .models import load_model
 
@@ -79,19 +81,27 @@ def cmd_generate(args) -> int:
     policy = make_policy(args.policy, args.k)  # checked before loading models: errors come fast
     target = load_model(args.target, device=args.device, role="target")
     setup_threads(args.threads, target)
+    if args.cuda_graphs and target.device.type != "cuda":
+        raise SpeclabError(f"--cuda-graphs needs a CUDA device (the target is on {target.device.type})")
     drafter = make_drafter(args.draft, target)
-    dec = SpeculativeDecoder(target, drafter)
+    graphs = args.cuda_graphs  # None: on for CUDA
+    dec = SpeculativeDecoder(target, drafter, cuda_graphs=graphs)
     prompts = [args.prompt] * args.batch
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed)
     speculative = drafter is not None and policy.k_max > 0
     if speculative and not args.no_baseline:  # warm both paths: the first forwards of a process are slow
-        SpeculativeDecoder(target, None).generate(prompts[:1], k=0, max_new_tokens=4, record=False)
+        SpeculativeDecoder(target, None, cuda_graphs=graphs).generate(prompts[:1], k=0, max_new_tokens=4,
+                                                                      record=False)
         dec.generate(prompts[:1], k=args.k, max_new_tokens=4, record=False, policy=policy)
+    if speculative and policy.name in ADAPTIVE:  # cost-weighing policies: the step costs, timed before the run
+        dec.costs.calibrate(target, getattr(drafter, "lm", None), rows=calibration_rows(args.batch),
+                            tokens=tuple(range(1, policy.k_max + 2)),
+                            context=len(target.encode(args.prompt)) + args.max_new_tokens // 2)
     res = dec.generate(prompts, k=args.k, policy=policy, **kw)
     base = None
     if speculative and not args.no_baseline:
-        base = SpeculativeDecoder(target, None).generate(prompts, k=0, **kw).metrics
+        base = SpeculativeDecoder(target, None, cuda_graphs=graphs).generate(prompts, k=0, **kw).metrics
     from .metrics import speedup
 
     if args.json:
@@ -142,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None, help="row b samples with seed + b (default: a fresh seed, "
                    "printed)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    g.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay the decode and verify forwards as CUDA graphs (default: on for CUDA, off on the CPU)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--no-baseline", action="store_true", help="skip the k = 0 run that measures the speedup")
     g.add_argument("--json", action="store_true", help="print one JSON object")

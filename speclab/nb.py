@@ -91,7 +91,7 @@ def repeated_sweep(target, spec, repeats: int = 3, progress=None):
                 progress((r + frac) / repeats, f"repeat {r + 1}/{repeats}: {what}")
         frames.append(run_sweep(target, spec, progress=prog).assign(repeat=r))
     df = pd.concat(frames, ignore_index=True)
-    keys = ["workload", "batch", "draft", "k"]
+    keys = ["workload", "batch", "draft", "k"] + (["policy"] if "policy" in df.columns else [])
     first = df[df["repeat"] == 0].drop(columns=["repeat"]).set_index(keys)
     g = df.groupby(keys, sort=False)
     for col in TIMING_COLUMNS:
@@ -99,7 +99,7 @@ def repeated_sweep(target, spec, repeats: int = 3, progress=None):
             first[col] = g[col].median()
     # speedup = median throughput / median baseline throughput of the same (workload, batch)
     base = df[df["k"] == 0].groupby(["workload", "batch"])["tokens_per_s"].median()
-    first["baseline_tokens_per_s"] = [base.get((w, b)) for w, b, _, _ in first.index]
+    first["baseline_tokens_per_s"] = [base.get((i[0], i[1])) for i in first.index]
     first["speedup"] = first["tokens_per_s"] / first["baseline_tokens_per_s"]
     first["speedup_min"] = g["speedup"].min()
     first["speedup_max"] = g["speedup"].max()

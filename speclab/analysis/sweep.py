@@ -1,6 +1,12 @@
-"""Sweeps: workloads x drafts x k x batch sizes, each against a k = 0 baseline measured in the
-same sweep on the same prompts (one variable changed). Used by the app, the notebooks and
+"""Sweeps: workloads x drafts x policies x k x batch sizes, each against a k = 0 baseline measured in
+the same sweep on the same prompts (one variable changed). Used by the app, the notebooks and
 the benchmark; returns a pandas DataFrame, one row per cell.
+
+Policies (``SweepSpec.policies``, default fixed k only): 'fixed' runs k; an adaptive policy
+('goodput', 'heuristic', ...) runs with k as its largest k. One policy object per cell, kept over the
+cell's batches (as a server keeps it over requests). Before a draft's cells with a cost-weighing
+policy, the decoder's step costs are calibrated once (outside the timed runs; see
+``OnlineCosts.calibrate``).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class SweepSpec:
     max_new_tokens: int = 48
     prompts_per_workload: int = 4
     seed: int = 0
+    policies: list[str] = field(default_factory=lambda: ["fixed"])
 
 
 def batches(prompts: list[str], batch: int, n_prompts: int) -> list[list[str]]:
@@ -59,8 +66,9 @@ def batches(prompts: list[str], batch: int, n_prompts: int) -> list[list[str]]:
     return [seq[i:i + batch] for i in range(0, total, batch)]
 
 
-def measure(dec: SpeculativeDecoder, groups: list[list[str]], k: int, spec: SweepSpec) -> dict:
-    """Run every batch; throughput = generated tokens / wall time; acceptance from the events."""
+def measure(dec: SpeculativeDecoder, groups: list[list[str]], k: int, spec: SweepSpec, policy=None) -> dict:
+    """Run every batch; throughput = generated tokens / wall time; acceptance from the events.
+    ``policy``: None (fixed k), a name or a Policy object (kept over the batches)."""
     drafted = accepted = row_rounds = gen = 0
     pos_d: dict[int, int] = {}
     pos_a: dict[int, int] = {}
@@ -69,7 +77,7 @@ def measure(dec: SpeculativeDecoder, groups: list[list[str]], k: int, spec: Swee
     for i, g in enumerate(groups):
         t = time.perf_counter()
         res = dec.generate(g, k=k, max_new_tokens=spec.max_new_tokens, temperature=spec.temperature,
-                           top_p=spec.top_p, seed=spec.seed + i)
+                           top_p=spec.top_p, seed=spec.seed + i, policy=policy)
         wall += time.perf_counter() - t
         c = res.recorder.counters()
         drafted += c["drafted"]
@@ -98,26 +106,47 @@ def measure(dec: SpeculativeDecoder, groups: list[list[str]], k: int, spec: Swee
     }
 
 
+def calibrate_for(dec: SpeculativeDecoder, spec: SweepSpec, prompts: list[str]) -> float:
+    """Seed ``dec``'s step costs for the sweep's shapes (every batch size and the powers of two below,
+    k + 1 tokens up to the largest k), outside any timed run. Returns the seconds spent."""
+    if dec.drafter is None:
+        return 0.0
+    from ..engine.costs import calibration_rows
+
+    rows = calibration_rows(*spec.batches)
+    lens = sorted(len(dec.target.encode(p)) for p in prompts[:16]) or [32]
+    ctx = lens[len(lens) // 2] + spec.max_new_tokens // 2
+    return dec.costs.calibrate(dec.target, getattr(dec.drafter, "lm", None), rows=rows,
+                               tokens=tuple(range(1, max(spec.ks) + 2)), context=ctx)
+
+
 def run_sweep(target: LM | str, spec: SweepSpec, progress: Callable[[float, str], None] | None = None,
               cancel: Callable[[], bool] | None = None):
-    """One row per (workload, batch, draft, k), plus the k = 0 baseline rows (draft 'none')."""
+    """One row per (workload, batch, draft, policy, k), plus the k = 0 baseline rows (draft 'none')."""
     import pandas as pd
 
+    from ..engine import make_policy
     from ..workloads import load_workload
 
     if isinstance(target, str):
         target = cached_model(target, role="target")
-    if not spec.workloads or not spec.drafts or not spec.ks or not spec.batches:
-        raise SpeclabError("a sweep needs at least one workload, draft, k and batch size")
+    if not spec.workloads or not spec.drafts or not spec.ks or not spec.batches or not spec.policies:
+        raise SpeclabError("a sweep needs at least one workload, draft, policy, k and batch size")
     for k in spec.ks:
         check_k(k)
     for b in spec.batches:
         check_batch(b)
-    cells = [(w, b, d, k) for w in spec.workloads for b in spec.batches for d in spec.drafts for k in spec.ks if k > 0]
+    pols = [p for p in spec.policies if p != "off"]  # 'off' is the baseline, measured anyway
+    for p in spec.policies:
+        make_policy(p, 1)  # unknown names fail before anything runs
+    cells = [(w, b, d, p, k) for w in spec.workloads for b in spec.batches for d in spec.drafts for p in pols
+             for k in spec.ks if k > 0]
     total = len(spec.workloads) * len(spec.batches) + len(cells)
+    costly = any(p.split(":")[0] not in ("fixed", "batch-table") for p in pols)
     done = 0
     rows = []
     base_dec = SpeculativeDecoder(target, None)
+    decs: dict[str, SpeculativeDecoder] = {}
     for w in spec.workloads:
         prompts = [p.prompt for p in load_workload(w)]
         for b in spec.batches:
@@ -128,30 +157,40 @@ def run_sweep(target: LM | str, spec: SweepSpec, progress: Callable[[float, str]
             done += 1
             if progress:
                 progress(done / total, f"{w} batch {b} baseline")
-            rows.append(dict(workload=w, batch=b, draft="none", k=0, temperature=spec.temperature, **base,
-                             baseline_tokens_per_s=base["tokens_per_s"], speedup=1.0))
+            rows.append(dict(workload=w, batch=b, draft="none", policy="off", k=0, temperature=spec.temperature,
+                             **base, baseline_tokens_per_s=base["tokens_per_s"], speedup=1.0))
             for d in spec.drafts:
-                dec = SpeculativeDecoder(target, new_drafter(d, target))
-                for k in spec.ks:
-                    if k == 0:
-                        continue
-                    if cancel and cancel():
-                        return pd.DataFrame(rows)
-                    m = measure(dec, groups, k, spec)
-                    done += 1
-                    if progress:
-                        progress(done / total, f"{w} batch {b} {d} k={k}")
-                    rows.append(dict(workload=w, batch=b, draft=d, k=k, temperature=spec.temperature, **m,
-                                     baseline_tokens_per_s=base["tokens_per_s"],
-                                     speedup=m["tokens_per_s"] / base["tokens_per_s"]))
+                if d not in decs:
+                    decs[d] = SpeculativeDecoder(target, new_drafter(d, target))
+                    if costly:
+                        calibrate_for(decs[d], spec, prompts)
+                dec = decs[d]
+                for p in pols:
+                    for k in spec.ks:
+                        if k == 0:
+                            continue
+                        if cancel and cancel():
+                            return pd.DataFrame(rows)
+                        name = p.split(":")[0].strip().lower()
+                        pol = None if name == "fixed" else make_policy(p, k)
+                        m = measure(dec, groups, k, spec, policy=pol)
+                        done += 1
+                        if progress:
+                            progress(done / total, f"{w} batch {b} {d} {p} k={k}")
+                        rows.append(dict(workload=w, batch=b, draft=d, policy=p.strip(), k=k,
+                                         temperature=spec.temperature, **m,
+                                         baseline_tokens_per_s=base["tokens_per_s"],
+                                         speedup=m["tokens_per_s"] / base["tokens_per_s"]))
     return pd.DataFrame(rows)
 
 
-def crossover_batch(df, group=("workload", "draft", "k")):
-    """Per (workload, draft, k): the smallest batch size where speculation stops paying (speedup < 1),
-    None when it pays at every batch size measured."""
+def crossover_batch(df, group=None):
+    """Per (workload, draft, [policy,] k): the smallest batch size where speculation stops paying
+    (speedup < 1), None when it pays at every batch size measured."""
     import pandas as pd
 
+    if group is None:
+        group = ("workload", "draft", "policy", "k") if "policy" in df.columns else ("workload", "draft", "k")
     out = []
     spec = df[df["k"] > 0]
     for key, g in spec.groupby(list(group)):

@@ -1,79 +1,294 @@
-"""Step costs measured online: how the target's forward time grows with rows x tokens, and what a
-draft step costs. The scheduler feeds every forward it times; policies read predictions.
+"""Step costs measured online: how the target's forward time grows with rows x tokens, what a round's
+draft phase costs, and the per-round host work around the forwards. The scheduler feeds every round
+it times; policies read predictions (:meth:`OnlineCosts.round_time`).
 
-A forward of n rows x T tokens is stored in a bucket (n rounded up to a power of two, T exact) as an
-exponential moving average. A prediction for an unmeasured shape interpolates linearly in n*T between
-the nearest measured shapes of the same row bucket, and otherwise scales the nearest bucket by the
-token ratio (an honest guess, refined as soon as the shape is run).
+Tables, all in seconds:
+
+* ``target[(n, T)]``: one target forward of n rows x T tokens per row (T = k + 1 in a round of k drafts).
+* ``draft[(n, s)]``: a round's whole draft phase for n rows and s draft steps (catch-up forward,
+  the s steps, the policy's own decision: everything between the round's start and the verify).
+* ``overhead[n]``: the rest of a round of n rows (acceptance, bookkeeping, events), by load level
+  (n rounded up to a power of two).
+
+Each entry is the median of the last ``window`` measurements at exactly that shape (a calibrated shape
+adds its calibrated value twice): on a shared machine a round now and then takes several times its
+usual time (the process was descheduled), and a median ignores those bursts where a mean would follow
+them; it still follows a lasting change within half a window.
+A shape never run is predicted by linear interpolation, first along the rows among shapes with the same T, then along T
+(beyond the measured range: along the nearest two points, never decreasing; from one point:
+proportionally when growing, flat when shrinking). So a cost table learnt at 37 rows answers for
+36 rows at once, and a policy never needs every shape to have been run.
+
+**Cold start.** Until something is measured, policies that weigh costs need numbers:
+:meth:`OnlineCosts.calibrate` times a grid of shapes (target forwards of rows x tokens, one draft
+step per row count) in a timing loop before any timed work. Calibrated values are a prior: a shape
+measured online replaces its calibrated value, and the ratio of online to calibrated predictions
+(forwards inside the decode loop run slower than in a timing loop) rescales the calibrated values of
+shapes not yet run, so that measured and calibrated shapes compare fairly. Calibrations are cached
+per process and (target, draft, grid), so a benchmark pays for one once, outside its timed region.
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
+import time
+from bisect import bisect_left, insort
+from collections import deque
+
+_CALIBRATIONS: dict[tuple, tuple[dict, dict, float]] = {}  # (models, grid) -> (target, draft per step, seconds)
 
 
 def row_bucket(n: int) -> int:
+    """n rounded up to a power of two (kept for callers that group by load level)."""
     return 1 << max(0, (max(1, n) - 1).bit_length())
 
 
+def calibration_rows(*levels: int) -> tuple[int, ...]:
+    """The row counts to calibrate for runs at ``levels`` rows: the levels and every power of two below the
+    largest (rows finish and leave, so a run passes through every smaller count)."""
+    top = max(levels)
+    return tuple(sorted(set(levels) | {1 << i for i in range(top.bit_length()) if 1 << i <= top}))
+
+
+def interpolate(xs: list, f, x: float, below_proportional: bool = False) -> float | None:
+    """f at ``x`` from its values at the sorted points ``xs`` (``f(xs[i])`` evaluated lazily):
+    exact, linear between neighbours, linear along the nearest two beyond the range (slope >= 0;
+    below the range never under the proportional value), proportional above / flat below one point
+    (proportional below too with ``below_proportional``: a draft phase of fewer steps).
+
+    e.g. xs = [1, 4], f(1) = 2, f(4) = 5: x = 2 -> 3; x = 8 -> 9; x = 0.5 -> max(1.5, 1) = 1.5.
+    """
+    if not xs:
+        return None
+    i = bisect_left(xs, x)
+    if i < len(xs) and xs[i] == x:
+        return f(xs[i])
+    if 0 < i < len(xs):
+        x0, x1 = xs[i - 1], xs[i]
+        y0, y1 = f(x0), f(x1)
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if len(xs) == 1:
+        y0 = f(xs[0])
+        return y0 * x / xs[0] if (x > xs[0] or below_proportional) else y0
+    if i == len(xs):  # above the range
+        x0, x1 = xs[-2], xs[-1]
+        y0, y1 = f(x0), f(x1)
+        return y1 + max((y1 - y0) / (x1 - x0), 0.0) * (x - x1)
+    x0, x1 = xs[0], xs[1]  # below the range
+    y0, y1 = f(x0), f(x1)
+    return max(y0 - max((y1 - y0) / (x1 - x0), 0.0) * (x0 - x), y0 * x / x0)
+
+
+class _Grid:
+    """Values at (n, T) points: measured online (``val``) and calibrated (``cal``, multiplied by
+    ``scale[0]`` when read), with an index by T of the row counts known, for interpolation."""
+
+    def __init__(self, scale: list[float], below_proportional: bool = False):
+        self.below_proportional = below_proportional
+        self.val: dict[tuple[int, int], float] = {}
+        self.cal: dict[tuple[int, int], float] = {}
+        self.by_T: dict[int, list[int]] = {}
+        self.scale = scale
+
+    def _index(self, n: int, T: int) -> None:
+        if (n, T) not in self.val and (n, T) not in self.cal:
+            insort(self.by_T.setdefault(T, []), n)
+
+    def set(self, n: int, T: int, v: float) -> None:
+        self._index(n, T)
+        self.val[(n, T)] = v
+
+    def set_cal(self, n: int, T: int, v: float) -> None:
+        self._index(n, T)
+        self.cal[(n, T)] = v
+
+    def get(self, n: int, T: int) -> float:
+        v = self.val.get((n, T))
+        return v if v is not None else self.cal[(n, T)] * self.scale[0]
+
+    def predict(self, n: int, T: int) -> float | None:
+        """Along n within each known T, then along T."""
+        if (n, T) in self.val:
+            return self.val[(n, T)]
+        if not self.by_T:
+            return None
+        Ts = sorted(self.by_T)
+        return interpolate(Ts, lambda t: interpolate(self.by_T[t], lambda m: self.get(m, t), n), T,
+                           self.below_proportional)
+
+    def near(self, n: int, which) -> bool:
+        """Some T with ``which(T)`` known at a row count within 2x of n."""
+        return any(which(t) and any(n / 2 <= m <= 2 * n for m in ms) for t, ms in self.by_T.items())
+
+
 class OnlineCosts:
-    def __init__(self, alpha: float = 0.2):
-        self.alpha = alpha
-        self.target: dict[tuple[int, int], float] = {}  # (row bucket, tokens per row) -> seconds
-        self.draft: dict[int, float] = {}  # row bucket -> seconds per draft step
+    def __init__(self, window: int = 9):
+        self.window = window
+        self._scale = {"target": [1.0], "draft": [1.0]}  # online / calibrated, for shapes only calibrated
+        self._target = _Grid(self._scale["target"])  # (n, T) -> s
+        self._draft = _Grid(self._scale["draft"], below_proportional=True)  # (n, steps) -> s for the whole draft phase
+        self._over = _Grid([1.0])  # (n, 1) -> s of per-round work outside the forwards
+        self._recent: dict[tuple, deque] = {}  # (table, n, T) -> the last `window` samples
+        self._ratios: dict[str, deque] = {}  # table -> recent online / calibrated ratios
+        self.version = 0  # bumped by every record: policies may cache predictions per version
+        self.calibration_s = 0.0  # time spent calibrating (outside any timed region)
+        self.frozen = False  # True: records are ignored (a fixed, hand-built table: tests and what-if runs)
         self.lock = threading.Lock()
 
+    @property
+    def scale(self) -> dict[str, float]:
+        return {k: v[0] for k, v in self._scale.items()}
+
     # ------------------------------------------------------------------ recording
-    def _ema(self, table: dict, key, seconds: float) -> None:
-        old = table.get(key)
-        table[key] = seconds if old is None else old + self.alpha * (seconds - old)
+    def _record(self, name: str, grid: _Grid, n: int, T: int, seconds: float) -> None:
+        if self.frozen:
+            return
+        cal = grid.cal.get((n, T))
+        if cal:  # online vs calibrated at the same shape: rescale the shapes only calibrated (a median too)
+            ratios = self._ratios.setdefault(name, deque(maxlen=3 * self.window))
+            ratios.append(seconds / cal)
+            grid.scale[0] = statistics.median(ratios)
+        key = (name, n, T)
+        recent = self._recent.get(key)
+        if recent is None:
+            recent = self._recent[key] = deque(maxlen=self.window)
+        recent.append(seconds)
+        # a calibrated shape counts as two samples (at the online/calibrated scale): the first one or two
+        # online samples, maybe taken in a burst of load, cannot alone become the estimate
+        prior = [cal * grid.scale[0]] * 2 if cal else []
+        grid.set(n, T, statistics.median([*recent, *prior]))
+        self.version += 1
 
     def record_target(self, n: int, T: int, seconds: float) -> None:
         with self.lock:
-            self._ema(self.target, (row_bucket(n), T), seconds)
+            self._record("target", self._target, n, T, seconds)
 
     def record_draft(self, n: int, steps: int, seconds: float) -> None:
+        """The whole draft phase of a round: ``steps`` draft steps for ``n`` rows took ``seconds``."""
         if steps > 0:
             with self.lock:
-                self._ema(self.draft, row_bucket(n), seconds / steps)
+                self._record("draft", self._draft, n, steps, seconds)
+
+    def record_overhead(self, n: int, seconds: float) -> None:
+        """Per-round work around the forwards (acceptance, bookkeeping, events) for ``n`` rows."""
+        with self.lock:  # by load level: a few samples per level, not one per row count
+            self._record("overhead", self._over, row_bucket(n), 1, seconds)
 
     # ------------------------------------------------------------------ predictions
     def target_time(self, n: int, T: int) -> float | None:
         """Seconds for a target forward of n rows x T tokens (None: nothing measured yet)."""
         with self.lock:
-            if not self.target:
-                return None
-            nb = row_bucket(n)
-            same = sorted((t, s) for (b, t), s in self.target.items() if b == nb)
-            if not same:  # nearest measured row bucket, scaled by rows
-                b = min({b for b, _ in self.target}, key=lambda b: abs(b - nb))
-                same = sorted((t, s * nb / b) for (bb, t), s in self.target.items() if bb == b)
-            for t, s in same:
-                if t == T:
-                    return s
-            lo = [(t, s) for t, s in same if t < T]
-            hi = [(t, s) for t, s in same if t > T]
-            if lo and hi:
-                (t0, s0), (t1, s1) = lo[-1], hi[0]
-                return s0 + (s1 - s0) * (T - t0) / (t1 - t0)
-            t0, s0 = (lo[-1] if lo else hi[0])
-            if len(same) >= 2:  # extrapolate along the last two measured points
-                (ta, sa), (tb, sb) = (same[-2], same[-1]) if lo else (same[0], same[1])
-                slope = max((sb - sa) / (tb - ta), 0.0)
-                return max(s0 + slope * (T - t0), 1e-7)
-            return s0 * T / t0 if T > t0 else s0
+            return self._target.predict(n, T)
+
+    def draft_total(self, n: int, steps: int) -> float | None:
+        """Seconds of a round's draft phase with ``steps`` steps for ``n`` rows (None: unknown)."""
+        if steps <= 0:
+            return 0.0
+        with self.lock:
+            return self._draft.predict(n, steps)
 
     def draft_time(self, n: int) -> float | None:
+        """Seconds per draft step for ``n`` rows (the draft phase of a one-step round)."""
+        return self.draft_total(n, 1)
+
+    def overhead_time(self, n: int) -> float:
         with self.lock:
-            if not self.draft:
-                return None
-            nb = row_bucket(n)
-            if nb in self.draft:
-                return self.draft[nb]
-            b = min(self.draft, key=lambda b: abs(b - nb))
-            return self.draft[b] * (nb / b) ** 0.5  # draft steps grow sub-linearly with rows on few cores
+            v = self._over.predict(n, 1)
+        return v or 0.0
+
+    def round_time(self, n: int, k: int) -> float | None:
+        """Expected seconds of a round of n rows drafting k tokens (k = 0: a plain decode step):
+        the draft phase of k steps + a target forward over k + 1 tokens + the per-round overhead."""
+        t = self.target_time(n, k + 1)
+        d = self.draft_total(n, k) if k > 0 else 0.0
+        if t is None or d is None:
+            return None
+        return d + t + self.overhead_time(n)
+
+    def coverage(self, n: int) -> tuple[bool, bool, bool]:
+        """(plain step, some verify width, draft) measured or calibrated at a row count within 2x of n:
+        what a cost-weighing policy needs before it trusts the predictions at n rows."""
+        with self.lock:
+            return (self._target.near(n, lambda t: t == 1), self._target.near(n, lambda t: t > 1),
+                    self._draft.near(n, lambda t: True))
 
     def snapshot(self) -> dict:
         with self.lock:
-            return {"target": {f"{b}x{t}": s for (b, t), s in sorted(self.target.items())},
-                    "draft": {str(b): s for b, s in sorted(self.draft.items())}}
+            return {"target": {f"{n}x{t}": s for (n, t), s in sorted(self._target.val.items())},
+                    "draft": {f"{n}x{t}": s for (n, t), s in sorted(self._draft.val.items())},
+                    "overhead": {str(n): s for (n, _), s in sorted(self._over.val.items())},
+                    "calibrated_target": {f"{n}x{t}": s for (n, t), s in sorted(self._target.cal.items())},
+                    "calibrated_draft": {f"{n}x{t}": s for (n, t), s in sorted(self._draft.cal.items())},
+                    "scale": self.scale, "calibration_s": self.calibration_s}
+
+    # ------------------------------------------------------------------ calibration
+    def set_calibrated(self, target: dict[tuple[int, int], float], draft_step: dict[int, float] | None = None,
+                       max_steps: int = 8) -> None:
+        """Calibrated values: target seconds by (rows, tokens), draft seconds per step by rows (a draft phase
+        of s steps, for s up to ``max_steps``, is calibrated as s steps)."""
+        with self.lock:
+            for (n, T), sec in target.items():
+                self._target.set_cal(n, T, sec)
+            for n, sec in (draft_step or {}).items():
+                for steps in range(1, max(max_steps, 1) + 1):
+                    self._draft.set_cal(n, steps, sec * steps)
+            self.version += 1
+
+    def calibrate(self, target, draft=None, rows=(1, 2, 4, 8, 16, 32, 64), tokens=(1, 2, 3, 4, 5, 6, 7, 8, 9),
+                  context: int = 96, reps: int = 3, clock=time.perf_counter, fresh: bool = False) -> float:
+        """Time target forwards of every (rows x tokens) shape and one draft step (``draft``: an LM or
+        None) per row count, each against a cache of ``context`` positions, median of ``reps`` timed
+        runs after one warm-up, timed round-robin over the shapes. The results are a prior (see the
+        module docstring); a draft phase of s steps is calibrated as s draft steps. Cached per process
+        for the same models and grid: returns the seconds spent *now* (about 0 when cached). Call it
+        before any timed work. ``clock``: what the forwards are timed with (``time.process_time`` when
+        the runs they are compared with are timed by CPU time); ``fresh``: time them again even if cached."""
+        key = (id(target), id(draft) if draft is not None else None, tuple(rows), tuple(tokens), context, reps,
+               clock)
+        t0 = time.perf_counter()
+        if fresh or key not in _CALIBRATIONS:
+            tt = time_shapes(target, rows, tokens, context, reps, clock=clock)
+            dd = time_shapes(draft, rows, (1,), context, reps, vocab=target.vocab_size, clock=clock) \
+                if draft is not None else {}
+            _CALIBRATIONS[key] = (tt, dd, time.perf_counter() - t0)
+        tt, dd, _ = _CALIBRATIONS[key]
+        self.set_calibrated(tt, {n: s for (n, _), s in dd.items()}, max(tokens) - 1)
+        spent = time.perf_counter() - t0
+        self.calibration_s += spent
+        return spent
+
+
+def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = None, clock=time.perf_counter) -> dict:
+    """Median seconds of a cached forward of T new tokens per row after ``context`` positions, for every
+    n in ``rows`` and T in ``tokens``. One cache per row count; every call writes the same slots."""
+    import statistics
+
+    import torch
+
+    dev = lm.device
+    V = min(lm.vocab_size, vocab or lm.vocab_size)
+    cuda = dev.type == "cuda"
+    out = {}
+    with torch.inference_mode():
+        for n in rows:
+            cache = lm.new_cache(n, context + max(tokens))
+            zero = torch.zeros(n, dtype=torch.long, device=dev)
+            cache.forward(torch.randint(0, V, (n, context), device=dev), zero, kv_len=context)
+            cache.commit(zero + context)
+            toks = {T: torch.randint(0, V, (n, T), device=dev) for T in tokens}
+            times = {T: [] for T in tokens}
+            for i in range(reps + 1):
+                for T in tokens:
+                    if cuda:
+                        torch.cuda.synchronize(dev)
+                    t = clock()
+                    cache.forward(toks[T], zero + context, kv_len=context + T)
+                    if cuda:
+                        torch.cuda.synchronize(dev)
+                    if i:  # the first pass warms up
+                        times[T].append(clock() - t)
+            for T in tokens:
+                out[(n, T)] = statistics.median(times[T])
+            del cache
+    return out

@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 from ..errors import SpeclabError
 from ..events import Event, HookRegistry, RunFinished, RunStarted
 from ..limits import check_batch, check_k, check_max_new_tokens, check_sampling, check_seed
+from .costs import OnlineCosts
 from .policies import make_policy
 from .request import Request
 from .sampling import SamplingParams
@@ -39,10 +40,13 @@ class GenerationResult:
 class SpeculativeDecoder:
     """Exact, batched speculative decoding of ``target`` with ``drafter`` (None: plain decoding)."""
 
-    def __init__(self, target, drafter=None, hooks: HookRegistry | None = None):
+    def __init__(self, target, drafter=None, hooks: HookRegistry | None = None, cuda_graphs: bool | None = None):
         self.target = target
         self.drafter = drafter
         self.hooks = hooks if hooks is not None else HookRegistry()
+        self.cuda_graphs = cuda_graphs  # None: on for CUDA (speclab.models.cuda_graphs)
+        # step costs learnt over this decoder's runs (cost-weighing policies read them; calibrate() seeds them)
+        self.costs = OnlineCosts()
 
     # -------------------------------------------------------------------------------- public API
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]] | str, k: int = 4,
@@ -123,7 +127,8 @@ class SpeculativeDecoder:
         drafter = self.drafter if (self.drafter is not None and pol.k_max > 0) else None
         longest = max(len(r.prompt_ids) for r in reqs) + max_new_tokens
         sched = Scheduler(self.target, drafter, pol, self.hooks, max_running=len(reqs), max_waiting=0,
-                          max_len=longest, capacity=len(reqs), record_costs=pol.name not in ("fixed", "off"))
+                          max_len=longest, capacity=len(reqs), costs=self.costs,
+                          record_costs=pol.name not in ("fixed", "off"), cuda_graphs=self.cuda_graphs)
         for r in reqs:
             sched.validate(r)
         for r in reqs:

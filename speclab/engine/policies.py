@@ -5,6 +5,39 @@ acceptance history, the number of running and waiting requests, the step costs m
 one :class:`Choice` per row. The scheduler caps each choice by the row's budget (a round emits up to
 k+1 tokens) and reports both in the events. A policy may also end a row's draft early inside the
 round (:meth:`Policy.draft_stop`).
+
+Policies that adapt keep per-request state (keyed by request id) only as a cache of what they would
+compute from the whole history again; given the same views in the same order they decide the same.
+
+The policies (``POLICIES``; ``make_policy("name[:args]", k)``, k = the largest k):
+
+==============  ==================================================================================
+``fixed``       k every round (vLLM ``num_speculative_tokens``, HF ``num_assistant_tokens_schedule=
+                "constant"``).
+``off``         no speculation.
+``batch-table`` k from a table of running-batch ranges (vLLM's ``num_speculative_tokens_per_batch_size``
+                form; k = 0 switches speculation off for a range).
+``heuristic``   per row, +2 after a round whose drafts were all accepted, -1 otherwise, within [1, K]
+                (Hugging Face ``num_assistant_tokens_schedule="heuristic"``).
+``ema``         per row, an EMA of the accepted length picks one of a few step tiers, with
+                hysteresis (SGLang-style adaptive steps).
+``goodput``     per round, the k in 0..K that maximises expected committed tokens per expected round
+                time, from per-row, per-position acceptance estimates and the measured cost model
+                (SmartSpec / TurboSpec).
+``confidence``  every row drafts up to K, stopping when the draft's top probability is below a
+                threshold (HF ``assistant_confidence_threshold``) or AdaEDL's entropy bound on
+                acceptance is below a floor.
+==============  ==================================================================================
+
+``heuristic``, ``ema`` and ``confidence`` run behind a *cost gate* (speclab's addition, ``gate=False``
+for the published rule alone): a round whose chosen drafts the cost model says lose to plain
+decoding (k = 0) runs k = 0 instead, so each switches itself off under load or at low acceptance.
+``goodput`` needs no gate: k = 0 is one of its candidates.
+
+Exactness does not depend on the policy: greedy output is the target's argmax whatever k each round
+used, and sampled output is an exact sample of the target's distribution. Which sample a seed gives
+depends on the k of each round (a row's draws are laid out by its own k), so under a policy that
+reacts to load or to batch-mates a sampled row's output, while exact, depends on them too.
 """
 
 from __future__ import annotations
@@ -13,17 +46,18 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from ..errors import SpeclabError
-from ..limits import check_k
+from ..limits import check_float, check_k
 
 
 @dataclass(frozen=True)
 class RowView:
-    """What a policy may know about one running row."""
+    """What a policy may know about one running row (the sequences may be the request's live lists:
+    read them, never change them)."""
 
     request_id: str
     history: tuple[tuple[int, int], ...]  # (drafted, accepted) per round, oldest first
-    pos_drafted: tuple[int, ...] = ()  # per draft position: times verified
-    pos_accepted: tuple[int, ...] = ()  # ... and accepted
+    pos_drafted: tuple[int, ...] = ()  # per draft position: rounds that drafted it
+    pos_accepted: tuple[int, ...] = ()  # ... and in which it was accepted
     remaining: int = 1 << 30  # tokens this row may still emit
     greedy: bool = True
 
@@ -98,22 +132,622 @@ class Off:
         return None
 
 
-POLICIES: dict[str, type] = {"fixed": Fixed, "off": Off}
+# ============================================================================ acceptance estimates
+
+
+def expected_tokens(survival: list[float], k: int) -> float:
+    """Expected tokens a round of k drafts emits, from ``survival[i]`` = P(drafts 0..i all accepted):
+    1 (the recovered or bonus token) + sum_{i<k} survival[i]. e.g. i.i.d. acceptance 0.5, k = 2:
+    1 + 0.5 + 0.25 = 1.75."""
+    return 1.0 + sum(survival[:k])
+
+
+class AcceptanceTracker:
+    """Per-row, per-position conditional acceptance, learned from each row's history and shrunk toward
+    a population estimate (every row this tracker has seen), so new rows start from what similar
+    requests did.
+
+    c[i] = P(draft i accepted | drafts 0..i-1 accepted): a round (drafted d, accepted a) *reaches*
+    position i when i <= a and i < d, and accepts it when i < a. A row's counts decay by ``decay``
+    every round, drafted or not, so an estimate follows a row whose text changes character (a code
+    row falling into a loop becomes predictable), and evidence ages while the row does not draft: a
+    row switched off for low acceptance drifts back to its prior and is tried again. The population's
+    counts decay by ``population_decay`` per round of the tracker. A row's estimate at i is
+    (accepted + w * prior) / (reached + w), with w = ``prior_weight`` and prior = the row's own
+    estimate at i-1 (acceptance is close to i.i.d. along a draft), or at i = 0 the population's; the
+    population's own prior at position 0 is ``default``. ``survival(row)`` = cumulative products:
+    P(at least i+1 drafts accepted).
+    """
+
+    def __init__(self, k_max: int, decay: float = 0.9, prior_weight: float = 2.0, default: float = 0.8,
+                 population_decay: float = 0.95):
+        self.k_max = k_max
+        self.decay, self.w, self.default, self.pop_decay = decay, prior_weight, default, population_decay
+        self.rows: dict[str, list] = {}  # request id -> [history seen, reached[K], accepted[K]]
+        self.pop_n = [0.0] * k_max
+        self.pop_a = [0.0] * k_max
+
+    def update(self, view: PolicyView) -> None:
+        """Absorb every row's rounds since the last call; forget rows that left."""
+        K, dec = self.k_max, self.decay
+        pn, pa = self.pop_n, self.pop_a
+        for i in range(K):
+            pn[i] *= self.pop_decay
+            pa[i] *= self.pop_decay
+        live = set()
+        for r in view.rows:
+            live.add(r.request_id)
+            st = self.rows.get(r.request_id)
+            h = r.history
+            if st is None or st[0] > len(h):  # new (or an id reused by a new request)
+                st = self.rows[r.request_id] = [0, [0.0] * K, [0.0] * K]
+            seen, N, A = st
+            for d, a in h[seen:]:
+                for i in range(K):
+                    N[i] *= dec
+                    A[i] *= dec
+                for i in range(min(d, a + 1, K)):
+                    ok = 1.0 if i < a else 0.0
+                    N[i] += 1.0
+                    A[i] += ok
+                    pn[i] += 1.0
+                    pa[i] += ok
+            st[0] = len(h)
+        if len(self.rows) > len(live):
+            for rid in [x for x in self.rows if x not in live]:
+                del self.rows[rid]
+
+    def population(self) -> list[float]:
+        """Conditional acceptance per position over every row seen (each position's prior: the one before)."""
+        out, prior = [], self.default
+        for i in range(self.k_max):
+            c = (self.pop_a[i] + prior) / (self.pop_n[i] + 1.0)
+            out.append(c)
+            prior = c
+        return out
+
+    def conditional(self, request_id: str, pop: list[float] | None = None) -> list[float]:
+        pop = pop if pop is not None else self.population()
+        st = self.rows.get(request_id)
+        if st is None:
+            return list(pop)
+        N, A = st[1], st[2]
+        out, w = [], self.w
+        for i in range(self.k_max):
+            prior = pop[0] if i == 0 else out[-1]
+            out.append((A[i] + w * prior) / (N[i] + w))
+        return out
+
+    def survival(self, request_id: str, pop: list[float] | None = None) -> list[float]:
+        s, out = 1.0, []
+        for c in self.conditional(request_id, pop):
+            s *= c
+            out.append(s)
+        return out
+
+
+# ============================================================================ the cost side
+
+
+def _costs_ready(costs, n: int, covered: set | None = None) -> str | None:
+    """None when ``costs`` can predict rounds of n rows; else what to measure first: 'plain' or 'spec'.
+    ``covered``: row counts already found ready (tables only grow, so they stay ready)."""
+    if costs is None:
+        return "none"
+    if covered is not None and (id(costs), n) in covered:
+        return None
+    plain, verify, draft = costs.coverage(n)
+    if not plain:
+        return "plain"
+    if not verify or not draft:
+        return "spec"
+    if covered is not None:
+        covered.add((id(costs), n))
+    return None
+
+
+def monotone(ys: list[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators): a longer round never
+    costs less, and noisy estimates must not make k = 3 look cheaper than k = 2.
+    e.g. [1, 3, 2, 4] -> [1, 2.5, 2.5, 4]."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for y in ys:
+        blocks.append([y, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, c2 = blocks.pop()
+            m1, c1 = blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return [m for m, c in blocks for _ in range(c)]
+
+
+class RoundTimes:
+    """Predicted round time for k = 0..K at n rows, cached: recomputed when n changes or every
+    ``refresh`` rounds (the cost tables move slowly; a prediction costs tens of microseconds, a
+    batch-1 round a few milliseconds)."""
+
+    def __init__(self, k_max: int, refresh: int = 8):
+        self.k_max, self.refresh = k_max, refresh
+        self.n = -1
+        self.age = 0
+        self.costs = None
+        self.times: list[float | None] = []
+
+    def get(self, costs, n: int) -> list[float | None]:
+        self.age += 1
+        if n != self.n or costs is not self.costs or self.age >= self.refresh or None in self.times:
+            times = [costs.round_time(n, k) for k in range(self.k_max + 1)]
+            self.times = monotone(times) if None not in times else times
+            self.n, self.costs, self.age = n, costs, 0
+        return self.times
+
+
+def batch_tokens(survivals: list[list[float]], remaining: list[int], k_max: int,
+                 factor: list[float] | None = None) -> list[float]:
+    """Expected tokens the whole batch emits in a round of k = 0..k_max drafts per row (each row's k
+    capped by its budget: a round emits at most ``remaining`` tokens, so it drafts at most remaining-1).
+    ``factor[k]`` scales the expected accepted drafts of a row drafting k (default 1)."""
+    total = [0.0] * (k_max + 1)
+    for s, rem in zip(survivals, remaining):
+        acc, cap = 0.0, max(0, rem - 1)
+        prefix = [0.0]
+        for i in range(min(cap, k_max)):
+            acc += s[i]
+            prefix.append(acc)
+        for k in range(k_max + 1):
+            ke = min(k, cap)
+            total[k] += 1.0 + (prefix[ke] * factor[ke] if factor is not None else prefix[ke])
+    return total
+
+
+class LengthCalibration:
+    """Realized over predicted accepted drafts, by draft length: the per-position model describes the
+    rounds a policy ran, and a round of a different length starts at different places in the text
+    (after a long accepted run, or right after a miss), so its prediction for long drafts can be off.
+    The policy records what it predicted for each row's round; the next round's history says what
+    was accepted; factor[k] = (realized + w) / (predicted + w) over recent rounds of length k, every
+    length's evidence decaying by ``decay`` per round (a length not run for a while drifts back to 1,
+    so one unlucky try does not rule it out for good), and a length never run borrows the nearest run
+    one's."""
+
+    def __init__(self, k_max: int, decay: float = 0.95, weight: float = 6.0):
+        self.k_max, self.decay, self.w = k_max, decay, weight
+        self.real = [0.0] * (k_max + 1)
+        self.pred = [0.0] * (k_max + 1)
+        self.pending: dict[str, tuple[int, int, float]] = {}  # request id -> (history index, k, predicted)
+
+    def observe(self, view: PolicyView) -> None:
+        for k in range(self.k_max + 1):
+            self.real[k] *= self.decay
+            self.pred[k] *= self.decay
+        for r in view.rows:
+            p = self.pending.get(r.request_id)
+            if p is None or len(r.history) <= p[0]:
+                continue
+            i, k, pred = p
+            d, a = r.history[i]
+            if d == k > 0:  # the round drafted what was predicted for (a drafter may propose fewer)
+                self.real[k] += a
+                self.pred[k] += pred
+        self.pending.clear()
+
+    def expect(self, view: PolicyView, k: int, survivals: list[list[float]]) -> None:
+        """This round runs k: remember each row's predicted accepted drafts."""
+        for r, s in zip(view.rows, survivals):
+            ke = min(k, max(0, r.remaining - 1))
+            if ke > 0:
+                self.pending[r.request_id] = (len(r.history), ke, sum(s[:ke]))
+
+    def factors(self) -> list[float]:
+        tried = [k for k in range(1, self.k_max + 1) if self.pred[k] > 1e-3]
+        out = [1.0] * (self.k_max + 1)
+        for k in range(1, self.k_max + 1):
+            if tried:
+                j = min(tried, key=lambda t: (abs(t - k), t))
+                out[k] = (self.real[j] + self.w) / (self.pred[j] + self.w)
+        return out
+
+
+def worth_probing(t0: float, t1: float | None, pop_first: float, default: float, margin: float = 0.25) -> bool:
+    """Is a probe round at k = 1 worth its cost? Only if the acceptance at which one draft breaks even
+    (t1 / t0 - 1) is within reach: at most ``default`` and at most ``margin`` above what the population
+    accepts now. e.g. a 1.3x round at k = 1 breaks even at 0.3: worth probing with the population at
+    0.1; at 64 rows a 1.64x round needs 0.64, not worth it with the population at 0.33."""
+    if not t1 or not t0:
+        return False
+    return t1 / t0 - 1.0 <= min(default, pop_first + margin)
+
+
+class CostGate:
+    """Switches a rule's drafts off for a round when the cost model says they lose to plain decoding:
+    expected batch tokens / predicted round time at the rule's widest k < the same at k = 0.
+
+    Rows that stop drafting stop teaching the tracker, so after ``probe_every`` gated rounds in a row
+    one round drafts k = 1 (at most) when that is :func:`worth_probing`: when acceptance, not load,
+    closed the gate and a plausible rise in acceptance would reopen it (a probe at a load where even a
+    good draft loses would be pure waste). Without cost numbers for this row count it lets the rule
+    through (so the numbers get measured)."""
+
+    def __init__(self, tracker: AcceptanceTracker, probe_every: int = 16):
+        self.tracker = tracker
+        self.probe_every = probe_every
+        self.times = RoundTimes(tracker.k_max)
+        self.closed = 0
+        self.covered: set = set()
+
+    def apply(self, view: PolicyView, choices: list[Choice], rule: str) -> list[Choice]:
+        ks = [c.k for c in choices]
+        kmax = max(ks, default=0)
+        n = len(view.rows)
+        if kmax == 0 or _costs_ready(view.costs, n, self.covered) is not None:
+            return choices
+        times = self.times.get(view.costs, n)
+        t0, tk = times[0], times[min(kmax, self.tracker.k_max)]
+        if t0 is None or tk is None:
+            return choices
+        pop = self.tracker.population()
+        e_spec = 0.0
+        for r, k in zip(view.rows, ks):
+            s = self.tracker.survival(r.request_id, pop)
+            e_spec += expected_tokens(s, min(k, max(0, r.remaining - 1)))
+        gain = (e_spec / tk) / (n / t0)
+        if gain >= 1.0:
+            self.closed = 0
+            return choices
+        self.closed += 1
+        if self.closed >= self.probe_every:
+            if worth_probing(t0, times[1], self.tracker.population()[0], self.tracker.default):
+                self.closed = 0
+                return [Choice(min(c.k, 1), f"probe k=1 after {self.probe_every} rounds off ({rule})")
+                        for c in choices]
+        why = f"off: {rule} k={kmax} predicted {gain:.2f}x plain ({n} rows)"
+        return [Choice(0, why)] * n
+
+
+# ============================================================================ the policies
+
+
+def parse_table(spec: str) -> list[tuple[int, int | None, int]]:
+    """'1-8=4,9-32=2,33-=0' -> [(1, 8, 4), (9, 32, 2), (33, None, 0)] (batch ranges, inclusive)."""
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            rng, k = part.split("=")
+            lo, _, hi = rng.partition("-")
+            out.append((int(lo), int(hi) if hi.strip() else (None if "-" in rng else int(lo)), int(k)))
+        except ValueError:
+            raise SpeclabError(f"batch-table entries look like '1-8=4' or '33-=0', got '{part}'") from None
+    if not out:
+        raise SpeclabError("batch-table needs at least one entry, e.g. '1-8=4,9-=0'")
+    for lo, hi, k in out:
+        check_k(k)
+        if lo < 1 or (hi is not None and hi < lo):
+            raise SpeclabError(f"batch-table range {lo}-{hi if hi is not None else ''} is empty")
+    return out
+
+
+@dataclass
+class BatchTable:
+    """k from the number of running rows, looked up in a table of ranges: vLLM's dynamic speculative
+    decoding (``--speculative-config`` ``num_speculative_tokens_per_batch_size``, entries
+    ``[start_bs, end_bs, K]`` over the concurrency, K = 0 switching speculation off for a range; vLLM
+    docs, features/speculative_decoding/dynamic_speculative_decoding). Written here '1-64=3,65-128=1,
+    129-=0'. vLLM's older ``speculative_disable_by_batch_size`` (one threshold) was ignored for several
+    releases, then removed. Static: the table is the user's (default: K up to 8 rows, K/2 up to 32,
+    off above); it does not look at acceptance or measured costs."""
+
+    k_max: int = 4
+    table: list[tuple[int, int | None, int]] | None = None
+    name: str = field(default="batch-table", init=False)
+
+    def __post_init__(self):
+        K = check_k(self.k_max)
+        if self.table is None:
+            self.table = [(1, 8, K), (9, 32, max(1, K // 2) if K else 0), (33, None, 0)]
+        elif isinstance(self.table, str):
+            self.table = parse_table(self.table)
+        self.k_max = max([K] + [k for _, _, k in self.table]) if self.table else K
+
+    def lookup(self, n: int) -> tuple[int, str]:
+        for lo, hi, k in self.table:
+            if lo <= n and (hi is None or n <= hi):
+                return k, f"batch-table: {n} rows in {lo}-{hi if hi is not None else ''} -> k={k}"
+        return 0, f"batch-table: {n} rows in no range -> k=0"
+
+    def choose(self, view: PolicyView) -> list[Choice]:
+        k, why = self.lookup(view.running)
+        return [Choice(k, why)] * len(view.rows)
+
+    def draft_stop(self):
+        return None
+
+
+@dataclass
+class Heuristic:
+    """Hugging Face's schedule (transformers ``AssistedCandidateGenerator.update_candidate_strategy``,
+    ``num_assistant_tokens_schedule="heuristic"``): per row, k += 2 after a round in which every draft
+    was accepted, k -= 1 (at least 1) otherwise; starts at K, here kept within [1, K]. Rounds that
+    drafted nothing leave k alone. Behind the cost gate (``gate=False``: HF's rule alone)."""
+
+    k_max: int = 4
+    gate: bool = True
+    name: str = field(default="heuristic", init=False)
+
+    def __post_init__(self):
+        check_k(self.k_max)
+        self._k: dict[str, list[int]] = {}  # request id -> [history seen, k]
+        self._tracker = AcceptanceTracker(self.k_max)
+        self._gate = CostGate(self._tracker)
+
+    def row_k(self, r: RowView) -> int:
+        st = self._k.get(r.request_id)
+        if st is None or st[0] > len(r.history):
+            st = self._k[r.request_id] = [0, self.k_max]
+        k = st[1]
+        for d, a in r.history[st[0]:]:
+            if d > 0:
+                k = min(self.k_max, k + 2) if a == d else max(1, k - 1)
+        st[0], st[1] = len(r.history), k
+        return k
+
+    def choose(self, view: PolicyView) -> list[Choice]:
+        if self.k_max == 0:
+            return [Choice(0, "heuristic: K = 0")] * len(view.rows)
+        if self.gate:
+            self._tracker.update(view)
+        out = [Choice(k, f"heuristic k={k}") for k in (self.row_k(r) for r in view.rows)]
+        if len(self._k) > 2 * len(view.rows) + 64:
+            live = {r.request_id for r in view.rows}
+            self._k = {i: v for i, v in self._k.items() if i in live}
+        return self._gate.apply(view, out, "heuristic") if self.gate else out
+
+    def draft_stop(self):
+        return None
+
+
+def ema_tiers(k_max: int) -> list[int]:
+    """The step tiers: powers of two below K, and K. e.g. K = 6 -> [1, 2, 4, 6]."""
+    tiers, t = [], 1
+    while t < k_max:
+        tiers.append(t)
+        t *= 2
+    return tiers + [k_max] if k_max > 0 else [0]
+
+
+@dataclass
+class Ema:
+    """SGLang-style adaptive steps (SGLang ``srt/speculative``: an EMA of the accepted length choosing
+    between a few precompiled step tiers): per row, ema <- ema + beta (accepted - ema) after each
+    round that drafted; the row moves up one tier when ema >= ``up`` x its tier (nearly every draft
+    accepted) and down one when ema < ``down`` x its tier, and stays in between (hysteresis: a row at
+    the edge does not flip every round). Tiers: powers of two below K, and K; rows start at the
+    middle tier. Behind the cost gate (``gate=False``: the tier rule alone)."""
+
+    k_max: int = 4
+    beta: float = 0.3
+    up: float = 0.8
+    down: float = 0.3
+    gate: bool = True
+    name: str = field(default="ema", init=False)
+
+    def __post_init__(self):
+        check_k(self.k_max)
+        if not 0 <= self.down < self.up <= 1:
+            raise SpeclabError(f"ema needs 0 <= down < up <= 1, got down={self.down}, up={self.up}")
+        self.tiers = ema_tiers(self.k_max)
+        self._st: dict[str, list] = {}  # request id -> [history seen, ema or None, tier index]
+        self._tracker = AcceptanceTracker(self.k_max)
+        self._gate = CostGate(self._tracker)
+
+    def step(self, ema: float | None, tier: int, accepted: int) -> tuple[float, int]:
+        """One round's update: the new EMA and tier index (pure; unit-tested)."""
+        ema = float(accepted) if ema is None else ema + self.beta * (accepted - ema)
+        k = self.tiers[tier]
+        if ema >= self.up * k and tier + 1 < len(self.tiers):
+            tier += 1
+        elif ema < self.down * k and tier > 0:
+            tier -= 1
+        return ema, tier
+
+    def row_k(self, r: RowView) -> tuple[int, float | None]:
+        st = self._st.get(r.request_id)
+        if st is None or st[0] > len(r.history):
+            st = self._st[r.request_id] = [0, None, (len(self.tiers) - 1) // 2]
+        ema, tier = st[1], st[2]
+        for d, a in r.history[st[0]:]:
+            if d > 0:
+                ema, tier = self.step(ema, tier, a)
+        st[0], st[1], st[2] = len(r.history), ema, tier
+        return self.tiers[tier], ema
+
+    def choose(self, view: PolicyView) -> list[Choice]:
+        if self.k_max == 0:
+            return [Choice(0, "ema: K = 0")] * len(view.rows)
+        if self.gate:
+            self._tracker.update(view)
+        out = []
+        for r in view.rows:
+            k, ema = self.row_k(r)
+            out.append(Choice(k, f"ema tier k={k}" + (f" (ema {ema:.2f})" if ema is not None else "")))
+        if len(self._st) > 2 * len(view.rows) + 64:
+            live = {r.request_id for r in view.rows}
+            self._st = {i: v for i, v in self._st.items() if i in live}
+        return self._gate.apply(view, out, "ema") if self.gate else out
+
+    def draft_stop(self):
+        return None
+
+
+@dataclass
+class Goodput:
+    """Maximise goodput each round (SmartSpec, Liu et al. 2024, "Optimizing Speculative Decoding for
+    Serving Large Language Models Using Goodput", arXiv:2406.14066, the basis of TurboSpec): choose
+    the k in 0..K that maximises
+
+        expected committed tokens of the batch / expected round time
+        = sum_b (1 + sum_{i < min(k, remaining_b - 1)} survival_b[i]) / round_time(n, k)
+
+    with survival_b from :class:`AcceptanceTracker` (per row and per position, with a population prior
+    for new rows) and round_time(n, k) = draft phase of k steps + target forward of n x (k+1) + the
+    per-round overhead, from the measured :class:`~speclab.engine.costs.OnlineCosts` (k = 0: a plain
+    decode step, no drafting). One k for the whole round: the verify block is padded to the widest
+    row and a draft step runs every row, so a row drafting less saves nothing. k = 0 wins by itself
+    when acceptance is low (few tokens per extra cost) or the load is high (verifying k+1 tokens per
+    row costs nearly k+1 plain steps once the forward is compute-bound).
+
+    Cold start: at a row count with no cost numbers it runs one k = 0 round and one k = K round to
+    measure them (calibrating with :meth:`OnlineCosts.calibrate` beforehand avoids even that).
+    Exploration: after ``probe_every`` rounds at k = 0 it drafts k = 1 once if that is
+    :func:`worth_probing` (so it notices acceptance coming back; never at a load where only an
+    implausible acceptance would pay). A :class:`LengthCalibration` corrects the model's expected
+    accepted drafts per length from what rounds of that length really accepted."""
+
+    k_max: int = 4
+    probe_every: int = 8
+    name: str = field(default="goodput", init=False)
+
+    def __post_init__(self):
+        check_k(self.k_max)
+        self.tracker = AcceptanceTracker(self.k_max)
+        self.lengths = LengthCalibration(self.k_max)
+        self.times = RoundTimes(self.k_max)
+        self.idle = 0
+        self.covered: set = set()
+        self._surv: list[list[float]] = []
+
+    def scores(self, view: PolicyView) -> tuple[list[float], list[float | None]]:
+        """Expected batch tokens and predicted round time for every k (pure given the tracker)."""
+        pop = self.tracker.population()
+        self._surv = surv = [self.tracker.survival(r.request_id, pop) for r in view.rows]
+        tokens = batch_tokens(surv, [r.remaining for r in view.rows], self.k_max, self.lengths.factors())
+        return tokens, self.times.get(view.costs, len(view.rows))
+
+    def _run(self, view: PolicyView, k: int, why: str) -> list[Choice]:
+        if k > 0 and self._surv:
+            self.lengths.expect(view, k, self._surv)
+        return [Choice(k, why)] * len(view.rows)
+
+    def choose(self, view: PolicyView) -> list[Choice]:
+        n, K = len(view.rows), self.k_max
+        if n == 0:
+            return []
+        if K == 0:
+            return [Choice(0, "goodput: K = 0")] * n
+        self.tracker.update(view)
+        self.lengths.observe(view)
+        self._surv = []
+        need = _costs_ready(view.costs, n, self.covered)
+        if need == "none":
+            return [Choice(K, "goodput: no cost model, k=K")] * n
+        if need == "plain":
+            return [Choice(0, f"goodput: measuring plain steps at {n} rows")] * n
+        if need == "spec":
+            return [Choice(K, f"goodput: measuring k={K} rounds at {n} rows")] * n
+        tokens, times = self.scores(view)
+        if times[0] is None:
+            return [Choice(0, "goodput: no plain-step estimate")] * n
+        rate = [tok / t if t else 0.0 for tok, t in zip(tokens, times)]
+        best = 0
+        for k in range(1, K + 1):
+            if rate[k] > rate[best] * (1 + 1e-9):
+                best = k
+        if best == 0 and self.probe_every:
+            self.idle += 1
+            if self.idle >= self.probe_every:
+                if worth_probing(times[0], times[1], self.tracker.population()[0], self.tracker.default):
+                    self.idle = 0
+                    return self._run(view, 1, f"goodput: probe k=1 after {self.probe_every} rounds at k=0")
+        else:
+            self.idle = 0
+        gain = rate[best] / rate[0] if rate[0] else float("inf")
+        why = (f"goodput: k={best} {tokens[best] / n:.2f} tok/row in {times[best] * 1e3:.2f} ms, "
+               f"{gain:.2f}x k=0 ({n} rows)")
+        return self._run(view, best, why)
+
+    def draft_stop(self):
+        return None
+
+
+@dataclass
+class Confidence:
+    """Draft up to K and stop a row's draft at the first position where the draft is unsure:
+
+    * its top probability is below ``threshold`` (Hugging Face ``assistant_confidence_threshold``,
+      default 0.4, checked by ``ConfidenceCriteria`` on each draft token), or
+    * AdaEDL's entropy-based lower bound on the token's acceptance probability,
+      1 - sqrt(``gamma`` x H(draft distribution)), is below ``floor`` (Agrawal et al. 2024, "AdaEDL:
+      Early Draft Stopping for Speculative Decoding of Large Language Models via an Entropy-based
+      Lower Bound on Token Acceptance Probability", arXiv:2410.18351; ``floor=0`` turns it off).
+
+    The stop is checked on the draft's distribution before each token (the token it would draft next
+    is not proposed). Works with drafters that compute distributions (model drafts); prompt lookup
+    and the synthetic drafter have none and ignore it. Behind the cost gate (``gate=False``: the
+    stopping rule alone)."""
+
+    k_max: int = 4
+    threshold: float = 0.4
+    floor: float = 0.3
+    gamma: float = 0.5
+    gate: bool = True
+    name: str = field(default="confidence", init=False)
+
+    def __post_init__(self):
+        check_k(self.k_max)
+        check_float("confidence threshold", self.threshold, 0.0, 1.0)
+        check_float("confidence entropy floor", self.floor, 0.0, 1.0)
+        self._tracker = AcceptanceTracker(self.k_max)
+        self._gate = CostGate(self._tracker)
+
+    def choose(self, view: PolicyView) -> list[Choice]:
+        K = self.k_max
+        if self.gate:
+            self._tracker.update(view)
+        out = [Choice(K, f"confidence: up to k={K}")] * len(view.rows)
+        return self._gate.apply(view, out, "confidence") if self.gate and K else out
+
+    def draft_stop(self):
+        thr, floor, gamma = self.threshold, self.floor, self.gamma
+
+        def stop(i, probs):  # probs (n, V): the draft's distribution for token i
+            halt = probs.max(-1).values < thr  # (n,)
+            if floor > 0:
+                p = probs.float()
+                ent = -(p * p.clamp_min(1e-30).log()).sum(-1)  # (n,) nats
+                halt = halt | ((1.0 - (gamma * ent).clamp_min(0).sqrt()) < floor)
+            return halt
+
+        return stop
+
+
+POLICIES: dict[str, type] = {"fixed": Fixed, "off": Off, "batch-table": BatchTable, "heuristic": Heuristic,
+                             "ema": Ema, "goodput": Goodput, "confidence": Confidence}
+ADAPTIVE = ("heuristic", "ema", "goodput", "confidence")  # decide from acceptance (and costs) as they run
 
 
 def make_policy(spec, k: int = 4) -> Policy:
     """A policy from a name ('fixed', 'off', ... see ``POLICIES``), a Policy (returned as is), or None
-    (fixed k). ``k`` is the draft length of 'fixed' and the largest k of adaptive policies."""
+    (fixed k). ``k`` is the draft length of 'fixed' and the largest k of adaptive policies. Arguments
+    follow a colon: 'batch-table:1-8=4,9-=0' (its table), 'confidence:0.3' (its threshold)."""
     if spec is None:
         return Fixed(check_k(k)) if k > 0 else Off()
     if not isinstance(spec, str):
         return spec
-    name = spec.strip().lower()
+    name, _, arg = spec.strip().partition(":")
+    name = name.strip().lower().replace("_", "-")
     if name not in POLICIES:
         raise SpeclabError(f"unknown policy '{spec}' (known: {', '.join(POLICIES)})")
     cls = POLICIES[name]
+    arg = arg.strip()
+    if arg and cls not in (BatchTable, Confidence):
+        raise SpeclabError(f"policy '{name}' takes no arguments, got '{spec}'")
     if cls is Off:
         return Off()
     if cls is Fixed:
         return Fixed(check_k(k))
+    if cls is BatchTable:
+        return BatchTable(check_k(k), parse_table(arg) if arg else None)
+    if cls is Confidence and arg:
+        return Confidence(check_k(k), threshold=check_float("confidence threshold", arg, 0.0, 1.0))
     return cls(k_max=check_k(k))

@@ -1,0 +1,486 @@
+"""Draft-length policies: each rule against hand-built histories and hand-built cost tables, the cost
+table's interpolation and calibration, exactness with every policy (greedy identity, the sampled
+distribution), the sweep's policy dimension and `speclab bench --policies` end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import PROMPTS
+
+from speclab.drafters import PromptLookupDrafter, make_drafter
+from speclab.engine import SpeculativeDecoder, make_policy
+from speclab.engine.costs import OnlineCosts, interpolate
+from speclab.engine.policies import (
+    POLICIES,
+    AcceptanceTracker,
+    BatchTable,
+    Confidence,
+    CostGate,
+    Ema,
+    Goodput,
+    Heuristic,
+    PolicyView,
+    RowView,
+    batch_tokens,
+    ema_tiers,
+    expected_tokens,
+    parse_table,
+)
+from speclab.errors import SpeclabError
+
+
+def view(histories, costs=None, remaining=1000, waiting=0, ids=None):
+    rows = tuple(RowView(ids[i] if ids else f"r{i}", tuple(h), remaining=remaining) for i, h in enumerate(histories))
+    return PolicyView(rows, len(rows), waiting, costs)
+
+
+def table(step_ms=1.0, verify_ms_per_token=0.1, draft_ms=0.1, rows=(1,), k_max=8, overhead_ms=0.0, steep=False):
+    """A hand-built cost table: target(n, T) = step + per_token (T - 1) (steep: step x T, compute-bound),
+    a draft phase of s steps = s x draft, overhead per round."""
+    c = OnlineCosts()
+    for n in rows:
+        for T in range(1, k_max + 2):
+            ms = step_ms * T if steep else step_ms + verify_ms_per_token * (T - 1)
+            c.record_target(n, T, ms / 1e3)
+        for s in range(1, k_max + 1):
+            c.record_draft(n, s, s * draft_ms / 1e3)
+        if overhead_ms:
+            c.record_overhead(n, overhead_ms / 1e3)
+    return c
+
+
+def _accept(alpha, r, i):
+    # a low-discrepancy sequence: position i of round r is accepted when frac((r + 1) * phi + i * sqrt2) < alpha
+    return ((r + 1) * 0.6180339887 + i * 0.4142135624) % 1.0 < alpha
+
+
+def hist(alpha, k, rounds):
+    out = []
+    for r in range(rounds):
+        a = 0
+        while a < k and _accept(alpha, r, a):
+            a += 1
+        out.append((k, a))
+    return out
+
+
+# ----------------------------------------------------------------------------------- registry
+def test_make_policy_names_and_arguments():
+    assert set(POLICIES) == {"fixed", "off", "batch-table", "heuristic", "ema", "goodput", "confidence"}
+    assert make_policy(None, 4).name == "fixed" and make_policy(None, 0).name == "off"
+    for name in POLICIES:
+        p = make_policy(name, 3)
+        assert p.name == name and p.k_max == (0 if name == "off" else 3)
+    assert make_policy("batch-table:1-2=3,3-=0", 4).table == [(1, 2, 3), (3, None, 0)]
+    assert make_policy("confidence:0.25", 4).threshold == 0.25
+    g = Goodput(2)
+    assert make_policy(g) is g
+    for bad in ("nope", "goodput:1", "batch-table:x", "batch-table:4-2=1", "confidence:2"):
+        with pytest.raises(SpeclabError):
+            make_policy(bad, 4)
+
+
+def test_parse_table():
+    assert parse_table("1-8=4, 9-32=2,33-=0") == [(1, 8, 4), (9, 32, 2), (33, None, 0)]
+    assert parse_table("5=1") == [(5, 5, 1)]
+    with pytest.raises(SpeclabError):
+        parse_table("")
+
+
+# ----------------------------------------------------------------------------------- the rules
+def test_batch_table_lookup():
+    p = BatchTable(4)  # default: K up to 8 rows, K/2 up to 32, off above
+    assert [p.lookup(n)[0] for n in (1, 8, 9, 32, 33, 500)] == [4, 4, 2, 2, 0, 0]
+    p = BatchTable(4, "1-2=3,5-6=1")
+    assert [p.lookup(n)[0] for n in (1, 2, 3, 5, 7)] == [3, 3, 0, 1, 0]
+    assert p.k_max == 4
+    ch = p.choose(view([[], []]))
+    assert [c.k for c in ch] == [3, 3] and "1-2" in ch[0].reason
+
+
+def test_heuristic_plus_two_minus_one():
+    p = Heuristic(6, gate=False)
+    # starts at K=6; all accepted -> +2 (capped at 6); a miss -> -1; never below 1; rounds without drafts ignored
+    h = [(6, 2), (5, 1), (4, 4), (6, 6), (0, 0), (6, 0), (5, 0), (4, 0), (3, 0), (2, 0), (1, 0), (1, 1)]
+    expect = [6, 5, 4, 6, 6, 6, 5, 4, 3, 2, 1, 1, 3]
+    for i in range(len(h) + 1):
+        assert p.choose(view([h[:i]]))[0].k == expect[i], i
+    # incremental state equals a fresh replay of the whole history
+    assert Heuristic(6, gate=False).choose(view([h]))[0].k == 3
+
+
+def test_ema_tiers_and_hysteresis():
+    assert ema_tiers(6) == [1, 2, 4, 6] and ema_tiers(1) == [1] and ema_tiers(8) == [1, 2, 4, 8]
+    p = Ema(8, gate=False)  # tiers 1,2,4,8, starts at the middle tier (2)
+    assert p.choose(view([[]]))[0].k == 2
+    ema, tier = p.step(None, 1, 2)  # all accepted at tier 2 -> up to 4
+    assert (ema, tier) == (2.0, 2)
+    ema2, tier2 = p.step(ema, tier, 2)  # 2 of 4: ema 2.0 < 0.8*4, >= 0.3*4 -> stays (hysteresis band)
+    assert tier2 == 2 and ema2 == pytest.approx(2.0)
+    _, t = p.step(1.1, 2, 0)  # ema 0.77 < 0.3*4 -> down to 2
+    assert t == 1
+    # a row at the edge does not flip every round: accepted alternating 1, 2 at tier 2 stays at tier 2
+    st = (None, 1)
+    tiers = []
+    for a in [1, 2] * 6:
+        st = p.step(st[0], st[1], a)
+        tiers.append(st[1])
+    assert len(set(tiers[2:])) == 1
+    with pytest.raises(SpeclabError):
+        Ema(4, up=0.2, down=0.5)
+
+
+def test_tracker_per_position_and_prior():
+    tr = AcceptanceTracker(4, decay=1.0, prior_weight=2.0, default=0.8)
+    # one row: 10 rounds of k=4 accepting exactly 2: positions 0,1 always accepted, 2 always rejected, 3 never reached
+    v = view([[(4, 2)] * 10])
+    tr.update(v)
+    c = tr.conditional("r0")
+    assert c[0] == pytest.approx((10 + 2 * tr.population()[0]) / 12)
+    assert c[2] < 0.2 and c[3] == pytest.approx(c[2])  # unseen position: the row's own estimate before it
+    s = tr.survival("r0")
+    assert s == sorted(s, reverse=True) and s[0] == pytest.approx(c[0])
+    # a new row starts from the population, which learned from r0
+    tr.update(view([[(4, 2)] * 10, []]))
+    assert tr.conditional("r1")[0] == pytest.approx(tr.population()[0]) and tr.population()[0] > 0.9
+    # rows that left are forgotten; their rounds stay in the population
+    tr.update(view([[]], ids=["r9"]))
+    assert set(tr.rows) == {"r9"}
+
+
+def test_monotone_round_times():
+    from speclab.engine.policies import monotone
+
+    assert monotone([1, 3, 2, 4]) == [1, 2.5, 2.5, 4] and monotone([3, 2, 1]) == [2, 2, 2]
+    assert monotone([1, 2, 3]) == [1, 2, 3] and monotone([]) == []
+
+
+def test_expected_and_batch_tokens():
+    assert expected_tokens([0.5, 0.25], 2) == 1.75 and expected_tokens([0.5, 0.25], 0) == 1.0
+    tot = batch_tokens([[0.5, 0.25, 0.1], [1.0, 1.0, 1.0]], [100, 2], 3)
+    assert tot == pytest.approx([2.0, 2.0 + 1.5, 2.0 + 1.75, 2.0 + 1.85])  # row 2 can draft at most 1
+
+
+def test_goodput_follows_acceptance_on_a_cheap_draft():
+    costs = table(step_ms=1.0, verify_ms_per_token=0.1, draft_ms=0.1)  # drafting is cheap
+    low, high = Goodput(8), Goodput(8)
+    kl = low.choose(view([hist(0.1, 4, 30)], costs))[0]
+    kh = high.choose(view([hist(0.9, 4, 30)], costs))[0]
+    assert kl.k == 0 and "goodput" in kl.reason
+    assert kh.k >= 3, kh.reason
+
+
+def test_goodput_switches_off_under_load():
+    """The same acceptance; the table says a verify of k+1 tokens costs k+1 steps at 64 rows (compute-bound)
+    and about one step at 1 row: k > 0 at 1 row, k = 0 at 64."""
+    costs = table(rows=(1,))
+    for n in (32, 64):
+        for T in range(1, 10):
+            costs.record_target(n, T, 1e-3 * n * T)
+        for s in range(1, 9):
+            costs.record_draft(n, s, 0.1e-3 * n * s)
+    p = Goodput(8)
+    assert p.choose(view([hist(0.8, 4, 30)], costs))[0].k > 0
+    ch = p.choose(view([hist(0.8, 4, 30)] * 64, costs))
+    assert {c.k for c in ch} == {0} and "64 rows" in ch[0].reason
+
+
+def test_goodput_per_position_not_iid():
+    """Acceptance that collapses after position 2 (e.g. a fixed-length field): goodput stops at 2, where an
+    i.i.d. estimate with the same overall rate would draft further."""
+    costs = table(step_ms=1.0, verify_ms_per_token=0.15, draft_ms=0.1)
+    h = [(6, 2)] * 40  # positions 0, 1 always accepted, position 2 never
+    assert Goodput(6).choose(view([h], costs))[0].k == 2
+
+
+def test_goodput_cold_start_explores_then_decides():
+    p = Goodput(4)
+    assert p.choose(view([[]], None))[0].k == 4  # no cost model at all: the rule's K
+    c = OnlineCosts()
+    assert "plain" in p.choose(view([[]], c))[0].reason  # nothing measured: a plain step first
+    c.record_target(1, 1, 1e-3)
+    assert p.choose(view([[]], c))[0].k == 4  # then one round at K
+    c.record_target(1, 5, 1.4e-3)
+    c.record_draft(1, 4, 0.4e-3)
+    assert "goodput: k=" in p.choose(view([hist(0.9, 4, 20)], c))[0].reason
+
+
+def test_goodput_probes_when_acceptance_closed_it():
+    costs = table()
+    p = Goodput(4, probe_every=4)
+    ks = [p.choose(view([hist(0.05, 4, 30)], costs))[0].k for _ in range(8)]
+    assert ks == [0, 0, 0, 1, 0, 0, 0, 1]  # a probe every 4 rounds at k = 0
+    steep = table(step_ms=1.0, steep=True, draft_ms=1.0)  # even a good draft loses: never probe
+    q = Goodput(4, probe_every=2)
+    assert [q.choose(view([hist(0.05, 4, 30)], steep))[0].k for _ in range(6)] == [0] * 6
+
+
+def test_cost_gate_turns_rules_off_and_probes():
+    steep = table(step_ms=1.0, steep=True, draft_ms=0.5)  # verify k+1 costs k+1 steps: drafts never pay
+    for cls in (Heuristic, Ema, Confidence):
+        p = cls(4)
+        ch = p.choose(view([hist(0.6, 4, 10)], steep))
+        assert {c.k for c in ch} == {0} and ch[0].reason.startswith("off:"), cls
+        ungated = cls(4, gate=False).choose(view([hist(0.6, 4, 10)], steep))
+        assert ungated[0].k > 0
+    cheap = table()
+    assert Heuristic(4).choose(view([hist(0.9, 4, 10)], cheap))[0].k > 0
+    tr = AcceptanceTracker(4)
+    gate = CostGate(tr, probe_every=3)
+    from speclab.engine.policies import Choice
+
+    v = view([hist(0.05, 4, 20)], cheap)
+    tr.update(v)
+    got = [gate.apply(v, [Choice(4, "rule")], "rule")[0] for _ in range(6)]
+    assert [c.k for c in got] == [0, 0, 1, 0, 0, 1] and "probe k=1" in got[2].reason
+
+
+def test_confidence_stop_rule():
+    stop = Confidence(4, threshold=0.4, floor=0.0).draft_stop()
+    probs = torch.tensor([[0.9, 0.05, 0.05], [0.35, 0.33, 0.32], [0.5, 0.5, 0.0]])
+    assert stop(0, probs).tolist() == [False, True, False]
+    # AdaEDL: 1 - sqrt(gamma * H) < floor stops a draft that is confident enough on top but spread out
+    ada = Confidence(4, threshold=0.0, floor=0.5, gamma=0.5).draft_stop()
+    flat = torch.full((1, 64), 1 / 64)  # H = ln 64 = 4.16: bound 1 - sqrt(2.08) < 0
+    sharp = torch.tensor([[0.97] + [0.03 / 63] * 63])
+    assert ada(0, flat).tolist() == [True] and ada(0, sharp).tolist() == [False]
+    assert Confidence(4).choose(view([[], []]))[0].k == 4
+
+
+# ----------------------------------------------------------------------------------- the cost table
+def test_interpolate():
+    f = {1: 2.0, 4: 5.0}.__getitem__
+    assert interpolate([1, 4], f, 2) == 3.0 and interpolate([1, 4], f, 8) == 9.0
+    assert interpolate([1, 4], f, 0.5) == 1.5
+    assert interpolate([2], {2: 4.0}.__getitem__, 4) == 8.0 and interpolate([2], {2: 4.0}.__getitem__, 1) == 4.0
+    assert interpolate([2], {2: 4.0}.__getitem__, 1, below_proportional=True) == 2.0
+    assert interpolate([], f, 1) is None
+
+
+def test_online_costs_predict_clip_and_scale():
+    c = OnlineCosts()
+    assert c.target_time(1, 1) is None and c.round_time(1, 0) is None
+    c.record_target(4, 1, 2e-3)
+    c.record_target(4, 5, 4e-3)
+    c.record_target(8, 1, 3e-3)
+    assert c.target_time(4, 3) == pytest.approx(3e-3)  # along T at 4 rows
+    assert c.target_time(6, 1) == pytest.approx(2.5e-3)  # along rows at T=1
+    assert c.target_time(4, 1) == pytest.approx(2e-3)
+    c.record_target(4, 1, 60e-3)  # a burst of load: the median of the recent samples ignores it
+    c.record_target(4, 1, 2.2e-3)
+    assert c.target_time(4, 1) == pytest.approx(2.2e-3)
+    c.record_draft(4, 2, 1e-3)
+    assert c.draft_total(4, 1) == pytest.approx(0.5e-3)  # fewer steps: proportional
+    c.record_overhead(3, 0.2e-3)  # by load level: 3 rows -> bucket 4
+    assert c.overhead_time(4) == pytest.approx(0.2e-3)
+    assert c.round_time(4, 2) == pytest.approx(1e-3 + c.target_time(4, 3) + 0.2e-3)
+    assert c.coverage(4) == (True, True, True) and c.coverage(64) == (False, False, False)
+    snap = c.snapshot()
+    assert "4x1" in snap["target"] and "4" in snap["overhead"]
+    c.frozen = True  # a fixed table: records change nothing
+    c.record_target(4, 1, 1.0)
+    assert c.target_time(4, 1) == pytest.approx(2.2e-3)
+
+
+def test_calibration_rows():
+    from speclab.engine.costs import calibration_rows
+
+    assert calibration_rows(1) == (1,) and calibration_rows(6) == (1, 2, 4, 6)
+    assert calibration_rows(1, 16, 64) == (1, 2, 4, 8, 16, 32, 64)
+
+
+def test_calibration_is_a_prior_rescaled_by_online_numbers(target_lm):
+    c = OnlineCosts()
+    spent = c.calibrate(target_lm, target_lm, rows=(1, 2), tokens=(1, 2, 3), context=16, reps=1)
+    assert spent > 0 and c.coverage(1) == (True, True, True) and c.coverage(2) == (True, True, True)
+    t11 = c.target_time(1, 1)
+    again = OnlineCosts()
+    assert again.calibrate(target_lm, target_lm, rows=(1, 2), tokens=(1, 2, 3), context=16, reps=1) < spent
+    # online numbers replace a calibrated shape and rescale the shapes only calibrated
+    for _ in range(40):
+        c.record_target(1, 2, 2 * c.target_time(1, 2))
+    assert c.scale["target"] > 1.5
+    assert c.target_time(1, 1) > 1.5 * t11
+
+
+# ----------------------------------------------------------------------------------- exactness
+def _policies(k):
+    return [make_policy(name, k) for name in POLICIES if name != "off"] + \
+        [BatchTable(k, "1-2=1,3-=%d" % k), Confidence(k, threshold=0.3, gate=False), Heuristic(k, gate=False),
+         Ema(k, gate=False)]
+
+
+@pytest.mark.parametrize("kind", ["draft_close", "ngram", "synthetic:0.6"])
+def test_greedy_identity_with_every_policy(tiny, target_lm, kind):
+    """Speculative output with each policy == plain greedy output, single rows and a ragged batch."""
+    drafter = PromptLookupDrafter() if kind == "ngram" else make_drafter(
+        kind if kind.startswith("synthetic") else tiny[kind], target_lm)
+    prompts = PROMPTS[:7]
+    plain = SpeculativeDecoder(target_lm, None).generate(prompts, k=0, max_new_tokens=20).output_tokens
+    dec = SpeculativeDecoder(target_lm, drafter)
+    dec.costs.calibrate(target_lm, getattr(drafter, "lm", None), rows=(1, 2, 4, 8), tokens=(1, 2, 3, 4, 5),
+                        context=16, reps=1)
+    for pol in _policies(4):
+        got = dec.generate(prompts, k=4, max_new_tokens=20, policy=pol).output_tokens
+        assert got == plain, (kind, pol.name)
+        one = dec.generate(prompts[2:3], k=4, max_new_tokens=20, policy=pol).output_tokens
+        assert one == plain[2:3], (kind, pol.name)
+
+
+def test_events_carry_k_and_reason(tiny, target_lm):
+    dec = SpeculativeDecoder(target_lm, make_drafter(tiny["draft_close"], target_lm))
+    res = dec.generate(PROMPTS[:3], k=3, max_new_tokens=12, policy="heuristic")
+    rf = res.recorder.rounds_frame()
+    v = rf[rf["phase"] == "verify"]
+    assert len(v) and v["k"].between(0, 3).all() and v["k_reason"].str.len().gt(0).all()
+    assert (v["drafted"] <= v["k"]).all()
+
+
+def _exact_third_token_dist(lm, prompt, temperature):
+    """P(t3) = sum_{t1,t2} P(t1) P(t2 | t1) P(t3 | t1 t2) under the target, over the small vocabulary."""
+    m, ids = lm.hf_model, lm.encode(prompt)
+    with torch.no_grad():
+        p1 = (m(torch.tensor([ids])).logits[0, -1].double() / temperature).softmax(-1)  # (V,)
+        V = p1.shape[0]
+        ext = torch.tensor([ids + [t] for t in range(V)])  # (V, L+1)
+        p2 = (m(ext).logits[:, -1].double() / temperature).softmax(-1)  # (V, V)
+        ext2 = torch.tensor([ids + [a, b] for a in range(V) for b in range(V)])  # (V*V, L+2)
+        p3 = (m(ext2).logits[:, -1].double() / temperature).softmax(-1).view(V, V, V)
+    return ((p1[:, None] * p2)[..., None] * p3).sum((0, 1))  # (V,)
+
+
+@pytest.fixture(scope="module")
+def near(target_lm, tmp_path_factory):
+    """A draft close to the target (a little weight noise): many drafts accepted, many rejected."""
+    from conftest import make_model
+
+    path = tmp_path_factory.mktemp("near") / "draft_near"
+    make_model(path, seed=5, base_state=target_lm.hf_model.state_dict(), noise=0.1)
+    return str(path)
+
+
+def _policy_p_values(near, target_lm, name) -> dict[str, float]:
+    """3,000 rows sampled at T = 0.7 with policy ``name``, drafting in batches of 60 rows (so k and the
+    confidence stop vary between rows and rounds): p-values of the third generated token against the
+    target's exact marginal, and of every generated token against its exact conditional given the row's
+    own prefix."""
+    from test_acceptance import chi_square
+    from test_sampling_engine import conditional_chi_square
+
+    from speclab.engine.sampling import SamplingParams, logits_to_probs
+
+    temperature, n, B, new = 0.7, 3000, 60, 4
+    prompt = "hello wor"
+    exact = _exact_third_token_dist(target_lm, prompt, temperature)
+    dec = SpeculativeDecoder(target_lm, make_drafter(near, target_lm))
+    dec.costs = table(rows=(1, B), k_max=4)  # drafting pays in this table: the cost-weighing policies draft
+    dec.costs.frozen = True  # ... and it stays so (no timings of this machine mixed in)
+    pol = {"heuristic": Heuristic(4, gate=False), "ema": Ema(4, gate=False), "goodput": Goodput(4),
+           "confidence": Confidence(4, threshold=0.3, floor=0.3, gamma=0.2, gate=False),
+           "batch-table": BatchTable(4, "1-=3")}[name]
+    gen, drafted = [], 0
+    for i in range(n // B):
+        res = dec.generate([prompt] * B, k=4, max_new_tokens=new, temperature=temperature, seed=i * B,
+                           record=False, stop_on_eos=False, policy=pol)
+        gen += res.output_tokens
+        drafted += sum(r.drafted for r in res.requests)
+    assert drafted > n // 2  # the policy really drafted
+    gen = torch.tensor(gen)  # (n, new)
+    out = {"marginal t3": chi_square(torch.bincount(gen[:, 2], minlength=target_lm.vocab_size), exact)[2]}
+    ids = target_lm.encode(prompt)
+    with torch.no_grad():
+        logits = target_lm.hf_model(torch.cat([torch.tensor(ids).expand(n, -1), gen[:, :-1]], 1)).logits
+    probs = logits_to_probs(logits[:, len(ids) - 1:], SamplingParams(temperature))  # (n, new, V)
+    for i in range(new):
+        out[f"conditional t{i}"] = conditional_chi_square(gen[:, i], probs[:, i])[2]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["heuristic", "ema", "goodput", "confidence", "batch-table"])
+def test_sampled_tokens_follow_the_target_with_each_policy(near, target_lm, name):
+    from test_acceptance import PASS_P
+
+    pv = _policy_p_values(near, target_lm, name)
+    assert min(pv.values()) > PASS_P, (name, pv)
+
+
+@pytest.mark.slow
+def test_a_wrong_rule_fails_the_policy_distribution_test(near, target_lm, monkeypatch):
+    """The same test has the power to see a wrong acceptance rule under a policy that stops drafts early."""
+    from test_acceptance import FAIL_P, mutants
+
+    import speclab.engine.scheduler as scheduler
+
+    monkeypatch.setattr(scheduler, "rejection_impl", lambda device: mutants(0.7)["sample_from_target_on_rejection"])
+    pv = _policy_p_values(near, target_lm, "confidence")
+    assert min(pv.values()) < FAIL_P, pv
+
+
+# ----------------------------------------------------------------------------------- sweeps and the bench
+def test_sweep_policy_dimension(tiny, target_lm):
+    from speclab.analysis.sweep import SweepSpec, crossover_batch, run_sweep
+
+    spec = SweepSpec(workloads=["json"], drafts=["ngram"], ks=[2], batches=[1, 2], max_new_tokens=6,
+                     prompts_per_workload=2, policies=["fixed", "goodput", "heuristic"])
+    df = run_sweep(target_lm, spec)
+    assert len(df) == 2 * (1 + 3)  # per batch: the baseline, then one row per policy
+    assert set(df["policy"]) == {"off", "fixed", "goodput", "heuristic"}
+    assert (df[df["policy"] == "off"]["k"] == 0).all() and (df["tokens_per_s"] > 0).all()
+    cross = crossover_batch(df)
+    assert "policy" in cross.columns and len(cross) == 3
+    default = run_sweep(target_lm, SweepSpec(workloads=["json"], drafts=["ngram"], ks=[2], batches=[1],
+                                             max_new_tokens=4, prompts_per_workload=1))
+    assert list(default["policy"]) == ["off", "fixed"]
+
+
+def test_policy_targets_from_a_hand_built_report():
+    from speclab.analysis.bench_policies import policy_targets
+
+    def row(w, b, config, policy, sp):
+        return dict(workload=w, batch=b, config=config, policy=policy, speedup=sp, identical=True,
+                    adaptive=policy in ("goodput", "ema"))
+
+    rows = []
+    for w, sps in (("json", (1.5, 1.2, 1.45, 1.3)), ("mixed", (1.1, 1.3, 1.35, 1.2))):
+        for b, f in ((1, 1.0), (16, 0.6)):  # at batch 16 every fixed k loses; goodput switches itself off
+            f1, f2, gp, em = sps
+            rows += [row(w, b, "plain", "off", 1.0), row(w, b, "fixed-1", "fixed", f1 * f),
+                     row(w, b, "fixed-2", "fixed", f2 * f), row(w, b, "goodput", "goodput", max(gp * f, 1.0)),
+                     row(w, b, "ema", "ema", em * f)]
+    t = policy_targets({"rows": rows})
+    g = t["goodput_vs_best_fixed"]
+    assert g["value"] == pytest.approx(1.45 / 1.5) and g["where"] == "json batch 1" and g["met"]
+    m = t["mixed_goodput_vs_best_single_k"]  # geometric means over the levels: fixed-2 1.007, goodput 1.162
+    assert m["best_fixed"] == "fixed-2" and m["value"] == pytest.approx(math.sqrt(1.35) / math.sqrt(1.3 * 0.78))
+    assert m["met"]
+    a = t["adaptive_vs_plain_floor"]
+    assert a["value"] == pytest.approx(0.72) and a["where"] == "ema on mixed batch 16" and not a["met"]
+    assert t["all_identical"]["met"]
+
+
+@pytest.mark.slow
+def test_bench_policies_smoke(tmp_path, capsys):
+    from speclab.family import list_models
+
+    if not {"target", "draft-xs-distill"} <= {m["name"] for m in list_models()}:
+        pytest.skip("family not trained")
+    from speclab.cli import main
+
+    out = tmp_path / "policies.json"
+    rc = main(["bench", "--policies", "--workload", "json,code", "--batches", "1,2", "--ks", "1,2",
+               "--prompts-per-workload", "1", "--reps", "1", "--max-new-tokens", "6", "--threads", "1",
+               "--json", str(out), "--quiet"])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert rep["workloads"] == ["json", "code", "mixed"] and rep["calibration_s"] > 0
+    configs = {r["config"] for r in rep["rows"]}
+    assert {"plain", "fixed-1", "fixed-2", "goodput", "heuristic", "ema", "confidence", "batch-table"} <= configs
+    assert all(r["identical"] and r["tokens_per_s"] > 0 for r in rep["rows"])
+    assert {"goodput_vs_best_fixed", "mixed_goodput_vs_best_single_k", "adaptive_vs_plain_floor",
+            "all_identical"} <= set(rep["targets"])
+    assert "target goodput_vs_best_fixed" in capsys.readouterr().out
