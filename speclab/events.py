@@ -2,7 +2,11 @@
 notebooks subscribe to.
 
 The decoder asks ``hooks.active`` once per round; with no subscriber it builds no event,
-takes no timing and does no host copy for them.
+takes no timing and does no host copy for them. It asks ``hooks.wants_probs`` too: the draft's and the
+target's probability of every shown token (``TokenRecord.draft_prob`` / ``target_prob``) cost a softmax
+over the vocabulary per row and position, so they are computed only while some subscriber asked for them
+(``subscribe(fn, probs=False)``: the events come with those fields None; a server that streams tokens
+needs none of them).
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ class RowRound:
     request_id: str = ""
     k: int = 0  # the draft length chosen for this row this round (after the budget cap)
     k_reason: str = ""  # why: the policy's reason, or "budget" when the row's budget capped it
+    # a tree round (drafter proposed a token tree; None for a chain): the verified tree for drawing it,
+    # {"tokens", "parents" (-1 = the root, the newest committed token), "depth" (1 = the root's children),
+    #  "fates" ("accepted" on the path | "rejected" tried and refused | "discarded" under a rejected node),
+    #  "path" (accepted node indices, root to leaf), "draft_probs", "target_probs" (per node, None when not
+    #  recorded), "next_token", "next_status" ("recovered" | "bonus")}; see speclab.engine.rounds.tree_row_round
+    tree: dict | None = None
 
     @property
     def emitted(self) -> list[TokenRecord]:
@@ -88,18 +98,30 @@ class HookRegistry:
 
     def __init__(self) -> None:
         self._subs: list[Callable[[Event], None]] = []
+        self._no_probs: list[Callable[[Event], None]] = []  # subscribers that asked for no probabilities
 
     @property
     def active(self) -> bool:
         return bool(self._subs)
 
-    def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
+    @property
+    def wants_probs(self) -> bool:
+        """Some subscriber wants the token probabilities in its events (the default when subscribing)."""
+        return len(self._no_probs) < len(self._subs)
+
+    def subscribe(self, fn: Callable[[Event], None], probs: bool = True) -> Callable[[], None]:
+        """``probs=False``: this subscriber does not read ``TokenRecord.draft_prob`` / ``target_prob``; when
+        no subscriber does, the decoder does not compute them (they are None)."""
         self._subs.append(fn)
+        if not probs:
+            self._no_probs.append(fn)
         return lambda: self.unsubscribe(fn)
 
     def unsubscribe(self, fn: Callable[[Event], None]) -> None:
         if fn in self._subs:
             self._subs.remove(fn)
+        if fn in self._no_probs:
+            self._no_probs.remove(fn)
 
     def emit(self, event: Event) -> None:
         for fn in list(self._subs):

@@ -189,6 +189,47 @@ def test_no_subscriber_no_events(tiny, target_lm):
     assert kinds[0] == "RunStarted" and kinds[-1] == "RunFinished" and "RoundEvent" in kinds
 
 
+def test_probabilities_only_when_a_subscriber_wants_them(tiny, target_lm):
+    """subscribe(fn, probs=False) (a server): events without token probabilities, and the drafter is not
+    asked for them; one subscriber that wants them (the default) turns them on for everyone."""
+
+    class Watching(ModelDrafter):
+        def propose(self, ctx, ks, params, uniform, want_probs, stop=None):
+            self.asked.append(want_probs)
+            return super().propose(ctx, ks, params, uniform, want_probs, stop)
+
+    base = make_drafter(tiny["draft_close"], target_lm)
+    drafter = Watching(base.lm, target_lm.vocab_size)
+    drafter.asked = []  # want_probs of every propose call
+    dec = SpeculativeDecoder(target_lm, drafter)
+    plain = dec.generate(["hello world", "the cat"], k=3, max_new_tokens=12, record=False).output_tokens
+
+    def records(events):
+        return [t for e in events if type(e).__name__ == "RoundEvent" for r in e.rows for t in r.tokens]
+
+    quiet = []
+    unsub = dec.hooks.subscribe(quiet.append, probs=False)
+    assert dec.hooks.active and not dec.hooks.wants_probs
+    res = dec.generate(["hello world", "the cat"], k=3, max_new_tokens=12, record=False)
+    assert res.output_tokens == plain
+    recs = records(quiet)
+    assert recs and all(t.target_prob is None and t.draft_prob is None for t in recs)
+    assert any(t.status == "accepted" for t in recs) and drafter.asked and not any(drafter.asked)
+
+    loud, drafter.asked[:] = [], []
+    quiet.clear()
+    unsub_loud = dec.hooks.subscribe(loud.append)  # probs=True
+    assert dec.hooks.wants_probs
+    dec.generate(["hello world", "the cat"], k=3, max_new_tokens=12, record=False)
+    assert all(drafter.asked)
+    for recs in (records(quiet), records(loud)):
+        assert all(t.target_prob is not None for t in recs)
+        assert all(t.draft_prob is not None for t in recs if t.status in ("accepted", "rejected"))
+    unsub_loud()
+    unsub()
+    assert not dec.hooks.active and not dec.hooks.wants_probs
+
+
 def test_stream_can_be_cancelled(tiny, target_lm):
     dec = SpeculativeDecoder(target_lm, make_drafter(tiny["draft_close"], target_lm))
     n = 0
@@ -244,3 +285,33 @@ def test_finished_rows_leave_the_round(tiny, target_lm):
     # every verified row-round belongs to a running request: sum of rounds over requests
     assert sum(rows_per_round) == sum(r.rounds for r in reqs)
     assert all(r.status == "finished" for r in reqs)
+
+
+def test_prefill_groups_bound_the_padding():
+    from speclab.engine.scheduler import prefill_groups
+
+    assert prefill_groups([10, 12, 40, 41], 8) == [(0, 2), (2, 4)]  # 2 + 1 padding tokens
+    assert prefill_groups([7], 0) == [(0, 1)]
+    assert prefill_groups([3, 3, 3], 0) == [(0, 3)]
+    assert prefill_groups([1, 2, 3, 4], 0) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    lengths = sorted([24, 26, 32, 35, 42, 47, 47, 50, 55, 61, 61, 62, 64, 66, 66, 66, 72, 78, 82, 87, 103, 132])
+    groups = prefill_groups(lengths, 32)
+    assert groups[0][0] == 0 and groups[-1][1] == len(lengths)
+    assert all(a < b and b == c for (a, b), (c, _) in zip(groups, groups[1:]))  # consecutive, covering
+    for a, b in groups:
+        assert (b - a) * lengths[b - 1] - sum(lengths[a:b]) <= 32
+
+
+def test_grouped_prefill_rows_equal_their_solo_runs(tiny, target_lm):
+    """Prompts of very different lengths arriving together are prefilled in several groups (each padded to its
+    own longest); every row still equals its solo run, with a model draft admitted group by group."""
+    prompts = ["a", "hello world", "the cat sat on the mat " * 6, "x", "one two three four five six " * 5,
+               "kv cache", "rollback is bookkeeping " * 8]
+    from speclab.engine.scheduler import prefill_groups
+
+    lens = sorted(len(target_lm.encode(p)) for p in prompts)
+    assert len(prefill_groups(lens)) > 1  # the case under test
+    dec = SpeculativeDecoder(target_lm, make_drafter(tiny["draft_close"], target_lm))
+    batch = dec.generate(prompts, k=3, max_new_tokens=12).output_tokens
+    for p, out in zip(prompts, batch):
+        assert out == dec.generate([p], k=3, max_new_tokens=12).output_tokens[0], p

@@ -20,7 +20,8 @@ nbformat = pytest.importorskip("nbformat")
 
 NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
-EXPECTED = ["01_first_look", "02_acceptance_by_workload", "03_batch_and_load", "04_cost_model"]
+EXPECTED = ["01_first_look", "02_acceptance_by_workload", "03_batch_and_load", "04_cost_model", "05_adaptive",
+            "06_serving", "07_trees_and_heads"]
 
 
 def test_the_four_notebooks_exist():

@@ -1,9 +1,26 @@
-"""``speclab bench``: the acceptance report (default) and ``--compare`` (speclab vs Hugging Face)."""
+"""``speclab bench``: the acceptance report (default), ``--compare`` (speclab vs Hugging Face),
+``--policies`` and ``--synthetic`` (draft-length policies; the synthetic landscape vs the cost model)."""
 
 from __future__ import annotations
 
 
 def cmd_bench(args) -> int:
+    if getattr(args, "serve_experiment", False):
+        from .serve_experiment import run_from_args as run_serve_experiment
+
+        return run_serve_experiment(args)
+    if getattr(args, "serve", False):
+        from .bench_serve import run_serve_bench
+
+        return run_serve_bench(args)
+    if getattr(args, "policies", False) or getattr(args, "synthetic", False):
+        from .bench_policies import run_from_args as run_policies
+
+        return run_policies(args)
+    if getattr(args, "heads", False):
+        from .bench_heads import run_heads_bench
+
+        return run_heads_bench(args)
     if getattr(args, "compare", False):
         from .compare import run_compare
 
@@ -17,6 +34,7 @@ def cmd_bench(args) -> int:
 
 def add_commands(subparsers) -> None:
     """Register ``bench`` on an argparse subparsers object."""
+    from .bench_policies import add_arguments as add_policy_arguments
     from .compare import add_compare_arguments
 
     b = subparsers.add_parser("bench", help="acceptance per workload and drafter (greedy and T=0.8)")
@@ -35,4 +53,14 @@ def add_commands(subparsers) -> None:
     b.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     b.add_argument("--quiet", action="store_true")
     add_compare_arguments(b)
+    from .bench_serve import add_serve_arguments
+
+    add_serve_arguments(b)
+    from .serve_experiment import add_arguments as add_experiment_arguments
+
+    add_experiment_arguments(b)
+    from .bench_heads import add_heads_arguments
+
+    add_heads_arguments(b)
+    add_policy_arguments(b)
     b.set_defaults(func=cmd_bench)

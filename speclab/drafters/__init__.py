@@ -1,5 +1,7 @@
 """Drafters: the protocol (:mod:`.base`), a separate draft model (:mod:`.model`), prompt lookup
-(:mod:`.lookup`), the synthetic drafter (:mod:`.synthetic`), and :func:`make_drafter` (:mod:`.registry`)."""
+(:mod:`.lookup`), the synthetic drafter (:mod:`.synthetic`), self-drafting from the target (:mod:`.heads`:
+EAGLE and Medusa heads; :mod:`.early_exit`), token trees (:mod:`.trees`), and :func:`make_drafter`
+(:mod:`.registry`)."""
 
 from .base import DraftContext, Drafter, Proposal, StatelessDrafter, Verified
 from .lookup import PromptLookupDrafter

@@ -33,6 +33,7 @@ class DraftContext:
     # the scheduler's target KV cache: self-drafters that run the target's own layers (early exit) write
     # draft K/V into it above each row's length; the verify forward rewrites those slots before reading them
     target_cache: object | None = None
+    seeds: list[int] = field(default_factory=list)  # per running row: its request's seed (reproducible drafts)
 
     @property
     def n(self) -> int:

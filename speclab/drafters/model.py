@@ -1,23 +1,34 @@
-"""A separate small causal LM as the draft, with its own rollback-by-length cache."""
+"""A separate small causal LM as the draft, with its own rollback-by-length cache; it drafts a chain or
+a token tree (:mod:`.trees`)."""
 
 from __future__ import annotations
 
 import torch
 
 from ..engine.sampling import logits_to_probs, sample_from_probs
+from ..errors import SpeclabError
+from ..limits import MAX_K
 from .base import DraftContext, Proposal, Verified
+from .trees import RowTree, TreeShape, grow_trees, pack_trees, tree_layout
 
 
 class ModelDrafter:
     """A small causal LM sharing the target's tokenizer. Its cache holds positions < dlen[b] of row b;
     each round it first catches up on the tokens it has not seen (1, or 2 after a bonus round, or more
-    after rounds in which its row did not draft), then drafts step by step."""
+    after rounds in which its row did not draft), then drafts step by step.
+
+    With a tree shape, each level of the tree is one draft forward over every candidate expanded so far
+    (positions by depth, the ancestor mask; slots from the row's length up, stale after the round): the
+    draft's own cache never holds more than the committed tokens between rounds."""
 
     features: tuple[int, ...] = ()
 
-    def __init__(self, lm, target_vocab: int):
+    def __init__(self, lm, target_vocab: int, tree: TreeShape | None = None):
         self.lm = lm
-        self.name = lm.name
+        self.tree = tree if tree is not None else TreeShape()
+        if self.tree.is_tree and lm.native is None:
+            raise SpeclabError(f"tree drafts need the native backend; draft '{lm.name}' runs on '{lm.backend}'")
+        self.name = lm.name + (":" + self.tree.label() if self.tree.is_tree else "")
         self.target_vocab = target_vocab
         self.cache = None
         self.dlen: torch.Tensor | None = None  # (R,) positions < dlen[b] are in this drafter's cache
@@ -34,7 +45,9 @@ class ModelDrafter:
         return logits
 
     def reset(self, capacity: int, max_len: int) -> None:
-        self.cache = self.lm.new_cache(capacity, max_len)
+        # a tree's expanded candidates sit above the row's length: room for the widest tree
+        grow = (self.tree.nodes or MAX_K) * (self.tree.width if self.tree.kind == "dynamic" else 1)
+        self.cache = self.lm.new_cache(capacity, max_len + (grow if self.tree.is_tree else 0))
         self.dlen = torch.zeros(capacity, dtype=torch.long, device=self.lm.device)
         self.host_dlen = [0] * capacity
 
@@ -71,6 +84,8 @@ class ModelDrafter:
         kv_len = max(d + w for d in self.host_dlen[:n])
         logits = self.cache.forward(inp, dlen, kv_len=kv_len, rows=slice(0, n), valid=valid,
                                     last_only=L - dlen - 1).logits[:, -1]  # (n, V)
+        if self.tree.is_tree:
+            return self._propose_tree(ctx, ks, params, logits)
         sampled = not params.all_greedy
         toks, probs, tprobs, greedy_logits = [], [], [], []
         lengths = torch.tensor(ks, device=dev)
@@ -107,6 +122,43 @@ class ModelDrafter:
             probs=torch.stack(probs, 1) if probs else None,
             token_probs=torch.stack(tprobs, 1) if tprobs else None,
         )
+
+    def _propose_tree(self, ctx: DraftContext, ks, params, logits: torch.Tensor) -> Proposal:
+        """Grow a tree per row from the draft's distribution after the newest token (``logits`` (n, V))."""
+        n, L = ctx.n, ctx.lengths
+        dev = L.device
+        expanded: list[list[int]] = [[] for _ in range(n)]  # per row: pool indices in block order
+
+        def expand(pools: list[RowTree], frontier: list[list[int]]) -> torch.Tensor:
+            # one forward over every expanded candidate of each row (earlier levels again: their K/V must
+            # sit in this block to be visible only to their own descendants)
+            for b in range(n):
+                expanded[b] += frontier[b]
+            M = max(len(e) for e in expanded)
+            toks, par, valid = [], [], []
+            for b in range(n):
+                where = {p: j for j, p in enumerate(expanded[b])}
+                pad = M - len(expanded[b])
+                toks.append([pools[b].tokens[p] for p in expanded[b]] + [0] * pad)
+                par.append([where.get(pools[b].parents[p], -1) for p in expanded[b]] + [-1] * pad)
+                valid.append([True] * len(expanded[b]) + [False] * pad)
+            toks = torch.tensor(toks, dtype=torch.long).view(n, M)
+            # over [root, block]: drop the root (already cached at L-1)
+            depth, mask = tree_layout(torch.tensor(par, dtype=torch.long).view(n, M), torch.tensor(valid).view(n, M))
+            out = self.cache.forward(toks.to(dev), L, kv_len=max(ctx.host_lengths) + M, rows=slice(0, n),
+                                     depth=(depth[:, 1:] - 1).to(dev), tree_mask=mask[:, 1:, 1:].to(dev))
+            Fm = max(len(f) for f in frontier)
+            at = torch.tensor([[len(expanded[b]) - len(frontier[b]) + min(j, max(len(frontier[b]) - 1, 0))
+                                for j in range(Fm)] for b in range(n)], dtype=torch.long)  # (n, F) block indices
+            lg = self._align(out.logits).gather(1, at.to(dev)[..., None].expand(-1, -1, self.target_vocab))
+            return logits_to_probs(lg, params)  # (n, F, V)
+
+        budgets = [self.tree.budget(k) for k in ks]
+        pools, chosen = grow_trees(self.tree, budgets, logits_to_probs(self._align(logits), params), expand)
+        self.dlen[:n] = L
+        self.host_dlen[:n] = list(ctx.host_lengths)
+        tokens, parents, lengths, probs = pack_trees(pools, chosen, dev)
+        return Proposal(tokens, lengths, None, probs, parents)
 
     def commit(self, ctx: DraftContext, verified: Verified | None = None) -> None:
         # cached draft tokens stay valid up to the row's last accepted token

@@ -41,3 +41,34 @@ def prefill_round(row: int, token: int, prob: float | None, reason: str | None, 
     """A request's first token, sampled from its prefill."""
     return RowRound(row, 0, 0, [TokenRecord(token, "target", None, prob, 0)], reason is not None, reason,
                     request_id, 0, "prefill")
+
+
+def tree_row_round(row: int, g0: int, tokens: list[int], parents: list[int], path: list[int], new: list[int],
+                   bonus: bool, draft_probs: list[float] | None, target_probs: list[float] | None,
+                   next_prob: float | None, reason: str | None, request_id: str = "", k: int = 0,
+                   k_reason: str = "") -> RowRound:
+    """A tree round: ``tokens`` / ``parents`` the row's verified nodes (parent -1 = the root), ``path`` the
+    accepted nodes in root-to-leaf order, ``new`` the tokens emitted (after any cut). Display order: the
+    accepted path, the rejected nodes (depth first), then the target's token; a rejected node's position is
+    where it was proposed (g0 + depth - 1). The event's ``tree`` holds the whole tree with each node's fate:
+    "accepted" (on the path), "rejected" (a child of the root or of a path node, tried and refused) or
+    "discarded" (under a rejected node: never reached)."""
+    nd, na = len(tokens), len(path)
+    dp = draft_probs if draft_probs is not None else [None] * nd
+    tp = target_probs if target_probs is not None else [None] * nd
+    depth = []
+    for i in range(nd):
+        depth.append(1 if parents[i] < 0 else depth[parents[i]] + 1)
+    on_path = set(path)
+    reached = {-1} | on_path
+    fates = ["accepted" if i in on_path else "rejected" if parents[i] in reached else "discarded" for i in range(nd)]
+    recs = [TokenRecord(new[j], "accepted", dp[i], tp[i], g0 + j) for j, i in enumerate(path[:len(new)])]
+    for i in sorted((i for i in range(nd) if i not in on_path), key=lambda i: (depth[i], i)):
+        recs.append(TokenRecord(tokens[i], "rejected", dp[i], tp[i], g0 + depth[i] - 1))
+    if len(new) > na:
+        status = "target" if nd == 0 else ("bonus" if bonus else "recovered")
+        recs.append(TokenRecord(new[na], status, None, next_prob, g0 + na))
+    tree = {"tokens": list(tokens), "parents": list(parents), "depth": depth, "fates": fates, "path": list(path),
+            "draft_probs": list(dp), "target_probs": list(tp), "next_token": new[na] if len(new) > na else None,
+            "next_status": recs[-1].status if len(new) > na else None}
+    return RowRound(row, nd, na, recs, reason is not None, reason, request_id, k, k_reason, tree=tree)

@@ -32,20 +32,39 @@ import itertools
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 
 import torch
 
 from ..errors import SpeclabError
 from ..events import HookRegistry, RoundEvent
 from ..limits import check_context
-from .acceptance import accept_rows, rejection_sample
+from ..models.cuda_graphs import graphed, use_cuda_graphs
+from .acceptance import accept_rows, rejection_sample, tree_rejection_sample
 from .costs import OnlineCosts
 from .policies import Off, PolicyView, RowView
 from .request import FINISHED, RUNNING, WAITING, Request, find_stop
-from .rounds import prefill_round, row_round
+from .rounds import prefill_round, row_round, tree_row_round
 from .sampling import RowParams, logits_to_probs, sample_from_probs
 
 _run_ids = itertools.count(1)
+
+
+# Prompts prefilled in one forward are padded to the longest; a forward's fixed cost (the weights streamed once,
+# ~150 kernel launches) is about that of 30 more prompt tokens for the embedded family on a CPU (one row: 16 tokens
+# 7.7 ms, 64 tokens 11.2 ms), so a group takes the next longer prompt while its padding stays within this many tokens
+PREFILL_PAD_BUDGET = 32
+
+
+def prefill_groups(lengths: list[int], budget: int = PREFILL_PAD_BUDGET) -> list[tuple[int, int]]:
+    """Split prompt ``lengths`` (sorted ascending) into consecutive groups [a, b) whose padding to their longest,
+    sum(max - length), is at most ``budget`` tokens. e.g. [10, 12, 40, 41], budget 8 -> [(0, 2), (2, 4)]."""
+    groups, a = [], 0
+    for b in range(1, len(lengths) + 1):
+        if b == len(lengths) or (b - a + 1) * lengths[b] - sum(lengths[a:b + 1]) > budget:
+            groups.append((a, b))
+            a = b
+    return groups
 
 
 class QueueFull(SpeclabError):
@@ -81,7 +100,7 @@ class Scheduler:
     def __init__(self, target, drafter=None, policy=None, hooks: HookRegistry | None = None, *,
                  max_running: int = 64, max_waiting: int = 256, max_len: int | None = None,
                  capacity: int | None = None, costs: OnlineCosts | None = None, record_costs: bool = True,
-                 run_id: int | None = None):
+                 run_id: int | None = None, cuda_graphs: bool | None = None):
         self.target = target
         self.drafter = drafter
         self.policy = policy if (policy is not None and drafter is not None) else Off()
@@ -106,10 +125,17 @@ class Scheduler:
         self.costs = costs if costs is not None else OnlineCosts()
         self.record_costs = record_costs
         self.reject = rejection_impl(self.device)
+        self.reject_tree = tree_rejection_sample  # the multi-candidate rule (tests patch the module name)
         self.t_last = time.perf_counter()
         self.draft_features = tuple(getattr(drafter, "features", ()) or ()) if drafter is not None else ()
         if drafter is not None:
             drafter.reset(cap, self.slots)
+        # CUDA graphs for the decode and verify forwards (None: on for CUDA); a model drafter's own cache too
+        self.cuda_graphs = use_cuda_graphs(cuda_graphs, self.device)
+        if self.cuda_graphs:  # pooled per model: the next run finds the graphs captured (see cuda_graphs)
+            self.cache = graphed(self.cache, self.k_max + 1, owner=self)
+            if drafter is not None and hasattr(drafter, "cache"):
+                drafter.cache = graphed(drafter.cache, self.k_max + 1, owner=self)
 
     # ------------------------------------------------------------------ requests in and out
     def validate(self, req: Request) -> None:
@@ -228,7 +254,7 @@ class Scheduler:
         n = len(self.rows)
         return DraftContext(self.buf, self.lengths[:n], [len(r.context) for r in self.rows],
                             [r.context for r in self.rows], self.costs, [r.request_id for r in self.rows],
-                            self.cache)
+                            self.cache, seeds=[r.seed_used for r in self.rows])
 
     # ------------------------------------------------------------------ stopping
     def _cut(self, req: Request, new: list[int]) -> tuple[list[int], str | None]:
@@ -264,20 +290,30 @@ class Scheduler:
         t0 = time.perf_counter()
         r0, m = len(self.rows), len(reqs)
         self._grow(r0 + m)
+        # prompts of similar lengths are prefilled together, each group padded to its longest only (hidden features
+        # for a drafter: one group, so that they stack)
+        groups = [(0, m)]
+        if m > 1 and not self.draft_features:
+            reqs = sorted(reqs, key=lambda r: len(r.prompt_ids))
+            groups = prefill_groups([len(r.prompt_ids) for r in reqs])
         plen = [len(r.prompt_ids) for r in reqs]
-        Lp = max(plen)
         for i, r in enumerate(reqs):
             r.start_rng(dev)
             r.context = list(r.prompt_ids)
             self.buf[r0 + i, : plen[i]] = torch.tensor(r.prompt_ids, device=dev)
         lens = torch.tensor(plen, device=dev)
-        pos = torch.arange(Lp, device=dev)[None].expand(m, Lp)
-        out = self.cache.forward(self.buf[r0:r0 + m, :Lp], torch.zeros(m, dtype=torch.long, device=dev), kv_len=Lp,
-                                 rows=slice(r0, r0 + m), valid=pos < lens[:, None], last_only=lens - 1,
-                                 hidden=self.draft_features)
-        logits = out.logits[:, 0]  # (m, V)
+        parts = []
+        for a, b in groups:
+            Lp = max(plen[a:b])
+            pos = torch.arange(Lp, device=dev)[None].expand(b - a, Lp)
+            out = self.cache.forward(self.buf[r0 + a:r0 + b, :Lp], torch.zeros(b - a, dtype=torch.long, device=dev),
+                                     kv_len=Lp, rows=slice(r0 + a, r0 + b), valid=pos < lens[a:b, None],
+                                     last_only=lens[a:b] - 1, hidden=self.draft_features)
+            parts.append(out.logits[:, 0])  # (b - a, V)
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # (m, V)
         params = RowParams([r.params for r in reqs], dev)
         active = self.hooks.active
+        want_probs = active and self.hooks.wants_probs  # display probabilities: only when a subscriber reads them
         first = logits.argmax(-1)  # (m,)
         probs = None
         if not params.all_greedy:
@@ -285,12 +321,12 @@ class Scheduler:
             u = torch.stack([torch.rand(1, generator=r.rng, device=dev)[0] if r.rng is not None
                              else torch.zeros((), device=dev) for r in reqs])
             first = torch.where(params.greedy, first, sample_from_probs(probs, u))
-        elif active:
+        elif want_probs:
             probs = logits.float().softmax(-1)
         self.buf[torch.arange(r0, r0 + m, device=dev), lens] = first
         self.lengths[r0:r0 + m] = lens + 1
         first_h = first.tolist()
-        fp_h = probs.gather(1, first[:, None]).squeeze(1).tolist() if probs is not None else [None] * m
+        fp_h = probs.gather(1, first[:, None]).squeeze(1).tolist() if probs is not None and want_probs else [None] * m
         now = time.perf_counter()
         events, finished = [], []
         for i, r in enumerate(reqs):
@@ -312,7 +348,9 @@ class Scheduler:
             self.hooks.emit(RoundEvent(self.run_id, self.round, t1, {"prefill": t1 - t0}, events, "prefill", run, wait))
         if self.drafter is not None and self.k_max > 0:
             feats = dict(out.hidden) if self.draft_features else None
-            self.drafter.admit(self._ctx(), range(r0, r0 + m), feats)
+            ctx = self._ctx()
+            for a, b in groups:
+                self.drafter.admit(ctx, range(r0 + a, r0 + b), feats)
         done = [self.rows[i] for i in finished]
         self._leave(finished)
         return done
@@ -357,6 +395,7 @@ class Scheduler:
         rows = self.rows
         n = len(rows)
         active = self.hooks.active
+        want_probs = active and self.hooks.wants_probs  # display probabilities: only when a subscriber reads them
         timed = active or self.record_costs
         t0 = time.perf_counter()
         self.round += 1
@@ -368,9 +407,20 @@ class Scheduler:
         # ---- draft
         prop = None
         if drafter is not None and kmax > 0:
-            prop = drafter.propose(self._ctx(), ks, params, u_draft, want_probs=active, stop=self.policy.draft_stop())
-            d_tokens = prop.tokens  # (n, kk)
+            stop = self.policy.draft_stop()
+            prop = drafter.propose(self._ctx(), ks, params, u_draft, want_probs=want_probs, stop=stop)
+            steps = prop.tokens.shape[1]  # draft steps run (for the cost model)
             num_draft = torch.minimum(prop.lengths, torch.tensor(ks, device=dev))  # (n,)
+            if stop is not None and prop.parents is None:  # drafts the stop rule ended: verify only what is left
+                w = int(num_draft.max())
+                prop = replace(prop, tokens=prop.tokens[:, :w],
+                               probs=prop.probs[:, :w] if prop.probs is not None else None,
+                               token_probs=prop.token_probs[:, :w] if prop.token_probs is not None else None)
+            d_tokens = prop.tokens  # (n, kk)
+            if prop.parents is not None:  # a tree: kk nodes per row (at most its k), verified in one forward
+                from .tree_verify import tree_inputs
+
+                d_tokens, parents, depth, tmask = tree_inputs(d_tokens, prop.parents, num_draft)
         else:
             d_tokens = torch.zeros(n, 0, dtype=torch.long, device=dev)
             num_draft = torch.zeros(n, dtype=torch.long, device=dev)
@@ -379,15 +429,18 @@ class Scheduler:
             sync(dev)
         t1 = time.perf_counter()
         if prop is not None and self.record_costs:
-            self.costs.record_draft(n, kk, t1 - t0)
+            self.costs.record_draft(n, steps, t1 - t0)
 
-        # ---- verify: one target forward over [newest token, d1..dk] per row
+        # ---- verify: one target forward over [newest token, d1..dk] per row (a tree: [newest, nodes...] with
+        # positions start + depth and the ancestor mask)
+        tree = prop is not None and prop.parents is not None
         L = self.lengths[:n]
         hlen = [len(r.context) for r in rows]
         r_idx = torch.arange(n, device=dev)
         start = L - 1  # (n,)
         inp = torch.cat([self.buf[r_idx, start][:, None], d_tokens.clamp(min=0)], 1)  # (n, kk+1)
-        out = self.cache.forward(inp, start, kv_len=max(hlen) + kk, rows=slice(0, n), hidden=self.draft_features)
+        out = self.cache.forward(inp, start, kv_len=max(hlen) + kk, rows=slice(0, n), hidden=self.draft_features,
+                                 depth=depth if tree else None, tree_mask=tmask if tree else None)
         logits = out.logits  # (n, kk+1, V)
         if timed:
             sync(dev)
@@ -396,19 +449,40 @@ class Scheduler:
             self.costs.record_target(n, kk + 1, t2 - t1)
 
         # ---- accept, write, roll back
-        res, tprobs = accept_rows(d_tokens, prop.probs if prop is not None else None, logits, num_draft, params,
-                                  u_acc[:, :kk] if u_acc is not None else None, u_next, want_probs=active,
-                                  reject=self.reject)
-        block = torch.cat([d_tokens.clamp(min=0), torch.zeros(n, 1, dtype=torch.long, device=dev)], 1)  # (n, kk+1)
+        if tree:  # the longest accepted root path; its K/V move down to slot = position
+            from .tree_verify import accept_tree_rows, block_path, keep_path
+
+            res, tprobs = accept_tree_rows(d_tokens, parents, prop.probs, logits, params, u_acc, u_next,
+                                           want_probs=want_probs, reject=self.reject_tree)
+            keep_path(self.cache, n, start, res.path, res.num_accepted)
+            seq = d_tokens.gather(1, res.path.clamp(min=0))  # (n, kk) the accepted tokens first
+        else:
+            res, tprobs = accept_rows(d_tokens, prop.probs if prop is not None else None, logits, num_draft, params,
+                                      u_acc[:, :kk] if u_acc is not None else None, u_next, want_probs=want_probs,
+                                      reject=self.reject)
+            seq = d_tokens
+        block = torch.cat([seq.clamp(min=0), torch.zeros(n, 1, dtype=torch.long, device=dev)], 1)  # (n, kk+1)
         block[r_idx, res.num_accepted] = res.next_token
         self.buf[:n].scatter_(1, start[:, None] + 1 + torch.arange(kk + 1, device=dev)[None], block)
         n_h, block_h, nd_h = res.num_accepted.tolist(), block.tolist(), num_draft.tolist()
         if active:
-            d_h = d_tokens.tolist()
-            tp_h = tprobs[:, :kk].gather(2, d_tokens.clamp(min=0)[..., None]).squeeze(-1).tolist()  # (n, kk)
-            tpn_h = tprobs[r_idx, res.num_accepted, res.next_token].tolist()  # (n,)
-            dp_h = prop.token_probs.tolist() if prop is not None and prop.token_probs is not None else None
-            bonus_h = res.is_bonus.tolist()
+            d_h, bonus_h = d_tokens.tolist(), res.is_bonus.tolist()
+            tp_h = tpn_h = dp_h = None  # the probabilities shown with each token: only when a subscriber wants them
+            if tree:
+                par_h, path_h = parents.tolist(), res.path.tolist()
+            if want_probs and tree:
+                from .tree_verify import node_target_probs
+
+                tp_h = node_target_probs(tprobs, d_tokens, parents).tolist()  # (n, kk)
+                pathx = torch.cat([res.path, res.path.new_full((n, 1), -1)], 1)  # (n, kk+1): kk may be 0
+                end = pathx.gather(1, (res.num_accepted - 1).clamp(min=0)[:, None]).squeeze(1)  # (n,) last node
+                last = torch.where(res.num_accepted > 0, end + 1, 0)  # (n,) block index the next token was read at
+                tpn_h = tprobs[r_idx, last, res.next_token].tolist()
+            elif want_probs:
+                tp_h = tprobs[:, :kk].gather(2, d_tokens.clamp(min=0)[..., None]).squeeze(-1).tolist()  # (n, kk)
+                tpn_h = tprobs[r_idx, res.num_accepted, res.next_token].tolist()  # (n,)
+            if want_probs and prop is not None and prop.token_probs is not None:
+                dp_h = prop.token_probs.tolist()
         events, finished, kept = [], [], []
         for b, r in enumerate(rows):
             na, nd = n_h[b], nd_h[b]
@@ -421,17 +495,22 @@ class Scheduler:
             if reason is not None:
                 self._finish(r, reason)
                 finished.append(b)
-            if active:
+            if active and tree:
+                events.append(tree_row_round(r.row, g0, d_h[b][:nd], par_h[b][:nd], path_h[b][:na], new, bonus_h[b],
+                                             dp_h[b][:nd] if dp_h else None, tp_h[b][:nd] if tp_h else None,
+                                             tpn_h[b] if tpn_h else None, reason, r.request_id, ks[b], why[b]))
+            elif active:
                 events.append(row_round(r.row, g0, d_h[b][:nd], na, new, bonus_h[b],
-                                        dp_h[b][:nd] if dp_h else None, tp_h[b][:nd], tpn_h[b], reason,
-                                        r.request_id, ks[b], why[b]))
+                                        dp_h[b][:nd] if dp_h else None, tp_h[b][:nd] if tp_h else None,
+                                        tpn_h[b] if tpn_h else None, reason, r.request_id, ks[b], why[b]))
         self.lengths[:n] = torch.tensor([len(r.context) for r in rows], device=dev)  # the rollback
         self.cache.commit(self.lengths[:n] - 1, rows=slice(0, n))
-        if prop is not None:
+        if drafter is not None and self.k_max > 0:  # also after a round without drafts: the features go on
             from ..drafters.base import Verified
 
             feats = out.hidden if self.draft_features else {}
-            drafter.commit(self._ctx(), Verified(start, torch.tensor(kept, device=dev), feats))
+            drafter.commit(self._ctx(), Verified(start, torch.tensor(kept, device=dev), feats,
+                                                 block_path(res.path, res.num_accepted) if tree else None))
         if active:
             sync(dev)
             t3 = time.perf_counter()
@@ -442,6 +521,8 @@ class Scheduler:
         done = [rows[b] for b in finished]
         self._leave(finished)
         self.t_last = time.perf_counter()
+        if self.record_costs:  # the round's work outside the forwards (policies weigh it against the forwards)
+            self.costs.record_overhead(n, self.t_last - t2)
         return done
 
     # ------------------------------------------------------------------ running until done

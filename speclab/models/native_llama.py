@@ -85,13 +85,15 @@ class StaticKVCache:
     def forward(self, tokens: torch.Tensor, start: torch.Tensor, *, kv_len: int, rows: slice | None = None,
                 depth: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
                 valid: torch.Tensor | None = None, last_only: torch.Tensor | None = None,
-                hidden: tuple[int, ...] = (), layers: int | None = None) -> StepOut:
+                hidden: tuple[int, ...] = (), layers: int | None = None, static: bool = False) -> StepOut:
         """tokens (n, T) written at slots start[b] + t; ``kv_len`` = max(start) + T, known on the host
         (no device sync here). ``valid`` is ignored: padding sits after a row's real tokens, so no real
         query sees it. ``layers`` = m runs only the first m layers (early exit) before the final norm
-        and LM head."""
+        and LM head. ``static``: the shapes and kernels depend on (n, T, kv_len) only, never on where a
+        row's block sits (any ``kv_len`` >= max(start) + T, e.g. the whole cache): what a CUDA graph
+        captures once and replays at every position (:mod:`speclab.models.cuda_graphs`)."""
         rows = rows if rows is not None else slice(0, tokens.shape[0])
-        return self.model(tokens, start, self, rows, kv_len, depth, tree_mask, last_only, hidden, layers)
+        return self.model(tokens, start, self, rows, kv_len, depth, tree_mask, last_only, hidden, layers, static)
 
     def commit(self, lengths: torch.Tensor, rows: slice | None = None) -> None:
         """Row b keeps positions < lengths[b]: bookkeeping only (the decoder owns the lengths)."""
@@ -156,13 +158,16 @@ class NativeLlama:
         sin[:, : d // 2] = -sin[:, : d // 2]  # pre-signed for _rope
         self.cos, self.sin = emb.cos().to(dev, dt), sin.to(dev, dt)
         self._causal = torch.ones(0, 0, dtype=torch.bool, device=dev)
+        self.graph_pool = None  # speclab.models.cuda_graphs.GraphPool: graphed caches kept between runs
 
     def new_cache(self, capacity: int, max_len: int) -> StaticKVCache:
         return StaticKVCache(self, capacity, max_len)
 
-    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def _norm(self, x: torch.Tensor, w: torch.Tensor, fused: bool = False) -> torch.Tensor:
         dt = x.dtype
-        if dt == torch.float32:  # the fused op is bit-identical to HF's formula in fp32, and faster
+        # the fused op is bit-identical to HF's formula in fp32, and faster; in bf16 it rounds once where
+        # HF rounds twice (``fused``: the static path, where one kernel instead of eight matters)
+        if dt == torch.float32 or fused:
             return F.rms_norm(x, (x.shape[-1],), w, self.cfg.eps)
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.eps)
@@ -204,15 +209,16 @@ class NativeLlama:
         return mask[:, None]
 
     def __call__(self, tokens, start, cache: StaticKVCache, rows: slice, kv_len: int, depth=None, tree_mask=None,
-                 last_only=None, hidden=(), layers=None) -> StepOut:
+                 last_only=None, hidden=(), layers=None, static=False) -> StepOut:
         c = self.cfg
         lin = self._lin
         n, T = tokens.shape
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         x = F.embedding(tokens, self.embed)  # (n, T, C)
         # A single row's chain block is always slots kv_len-T .. kv_len-1 (the caller's contract): slices
-        # (views, no kernels) replace the gathers and scatters a ragged batch or a tree needs.
-        fast = n == 1 and tree_mask is None
+        # (views, no kernels) replace the gathers and scatters a ragged batch or a tree needs. A static
+        # forward takes the gather path even for one row: positions come from `start`, on the device.
+        fast = n == 1 and tree_mask is None and not static
         p0 = kv_len - T
         if fast:
             cos, sin = self.cos[p0:kv_len], self.sin[p0:kv_len]  # (T, D)
@@ -225,11 +231,17 @@ class NativeLlama:
             sin = self.sin[positions][:, None]
             mask = self._mask(start, T, kv_len, tree_mask)  # (n, 1, T, S)
             r = torch.arange(n, device=tokens.device)[:, None]  # (n, 1)
+        # static + GQA: the G = H / Hkv query heads of each KV head attend as G*T query rows of one head
+        # (no K/V repeat, one attention kernel with the mask); the mask repeats per group, once per forward
+        grouped = static and Hkv != H
+        if grouped:
+            G = H // Hkv
+            gmask = mask[:, :, None].expand(n, 1, G, T, kv_len).reshape(n, 1, G * T, kv_len)  # (n, 1, G*T, S)
         want = set(hidden)
         out_hidden: dict[int, torch.Tensor] = {}
         n_layers = len(self.layers) if layers is None else layers
         for i, (ln1, wqkv, wo, ln2, w13, w2) in enumerate(self.layers[:n_layers]):
-            h = self._norm(x, ln1)
+            h = self._norm(x, ln1, static)
             qkv = lin(h, wqkv)  # (n, T, (H + 2 Hkv) D)
             # rotate q and k together: one set of rope kernels per layer
             qk = self._rope(qkv[..., : (H + Hkv) * D].view(n, T, H + Hkv, D).transpose(1, 2), cos, sin)
@@ -243,14 +255,18 @@ class NativeLlama:
                 kc[r, :, slot_idx] = k.transpose(1, 2)
                 vc[r, :, slot_idx] = v
             kk, vv = kc[:, :, :kv_len], vc[:, :, :kv_len]  # (n, Hkv, S, D)
-            y = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=Hkv != H)  # (n, H, T, D)
+            if grouped:  # query head j*G + g reads KV head j, as HF's repeat_kv has it
+                y = F.scaled_dot_product_attention(q.reshape(n, Hkv, G * T, D), kk, vv, attn_mask=gmask)
+                y = y.reshape(n, H, T, D)
+            else:
+                y = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=Hkv != H)  # (n, H, T, D)
             x = x + lin(y.transpose(1, 2).reshape(n, T, H * D), wo)
-            h = self._norm(x, ln2)
+            h = self._norm(x, ln2, static)
             g, u = lin(h, w13).chunk(2, -1)  # (n, T, F) each
             x = x + lin(F.silu(g) * u, w2)
             if i in want:
                 out_hidden[i] = x
-        x = self._norm(x, self.final_norm)
+        x = self._norm(x, self.final_norm, static)
         if -1 in want:
             out_hidden[-1] = x  # (n, T, C): the features an LM head reads
         if last_only is not None:  # prefill: only the logits at each row's last real token
