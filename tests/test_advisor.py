@@ -223,7 +223,7 @@ def test_check_cpu_small_run_and_advise_from_it(tmp_path, capsys):
     (["advise", *H100_8B, "--acceptance", "a:0.5", "--concurrency", "0"], "--concurrency"),
     (["advise", *H100_8B, "--acceptance", "a:0.5", "--k-max", "99"], "k (draft length)"),
     (["advise", "--check-cpu", "-k", "0"], "needs k >= 1"),
-    (["advise", "--check-cpu", "--batches", "1,x"], "--batches wants whole numbers"),
+    (["advise", "--check-cpu", "--batches", "1,x"], "--batches: 'x' is not a number"),
     (["advise", "--check-cpu", "--synthetic", "0.5"], "--synthetic wants ALPHA:COST"),
 ])
 def test_bad_input_is_one_line(argv, needle, capsys):
