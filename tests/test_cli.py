@@ -102,3 +102,21 @@ def test_unreachable_hub_fails_fast(tiny, monkeypatch):
     with pytest.raises(SpeclabError, match="unreachable"):
         models.load_model("someorg/some-model", role="target")
     assert time.perf_counter() - t < 10
+
+
+def test_help_imports_no_torch():
+    """`speclab --help` and each command's --help stay instant: argument parsing never imports torch,
+    transformers or the app (the commands import them when they run)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, speclab.cli as c\n"
+            "for argv in (['--help'], ['bench', '--help'], ['train', '--help'], ['serve', '--help'],\n"
+            "             ['load', '--help'], ['advise', '--help'], ['generate', '--help']):\n"
+            "    try:\n"
+            "        c.main(argv)\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'gradio') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

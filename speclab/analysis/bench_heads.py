@@ -45,15 +45,6 @@ class Method:
     policy: str | None = None  # a draft-length policy (speclab.engine.policies), k its largest k
 
 
-def add_heads_arguments(p) -> None:
-    p.add_argument("--heads", action="store_true", help="self-drafting heads, early exit and trees (issue 15)")
-    p.add_argument("--budget", type=int, default=8, help="--heads: verification budget of the tree-vs-chain pairs")
-    p.add_argument("--exits", action="store_true", help="--heads: early exit at every m (chooses the default m)")
-    p.add_argument("--eagle-ks", default="4,6", help="--heads: the EAGLE chain's k values (besides the budget)")
-    p.add_argument("--methods", default=None,
-                   help="--heads: comma list of method names to run (default: all; 'plain' is always run)")
-
-
 def _has_head(name: str, target) -> bool:
     """A shipped head that was trained on this target."""
     from ..drafters.heads import load_head

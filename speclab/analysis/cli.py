@@ -32,10 +32,31 @@ def cmd_bench(args) -> int:
     return run_from_args(args)
 
 
+def add_compare_arguments(p) -> None:
+    p.add_argument("--compare", action="store_true", help="speclab vs Hugging Face side by side (issue 6)")
+    p.add_argument("--draft", default=None, help="draft model for --compare (default: the family's best draft)")
+    p.add_argument("--ks", default=None, help="k values for --compare (default 2,4; --full 2,4,6)")
+    p.add_argument("--batches", default=None, help="batch sizes for the --compare batch sweep (default 1,4,16; "
+                   "--full 1,2,4,8,16,32,64,128)")
+    p.add_argument("--reps", type=int, default=None, help="interleaved repetitions per prompt (default 2; --full 3)")
+    p.add_argument("--full", action="store_true", help="--compare over the full grid (every workload, 4 prompts, "
+                   "k 2,4,6, batches to 128, 3 repetitions: about 20 minutes on 2 cores) instead of the ~3-minute "
+                   "default")
+    p.add_argument("--device", default=None)
+
+
+def add_heads_arguments(p) -> None:
+    p.add_argument("--heads", action="store_true", help="self-drafting heads, early exit and trees (issue 15)")
+    p.add_argument("--budget", type=int, default=8, help="--heads: verification budget of the tree-vs-chain pairs")
+    p.add_argument("--exits", action="store_true", help="--heads: early exit at every m (chooses the default m)")
+    p.add_argument("--eagle-ks", default="4,6", help="--heads: the EAGLE chain's k values (besides the budget)")
+    p.add_argument("--methods", default=None,
+                   help="--heads: comma list of method names to run (default: all; 'plain' is always run)")
+
+
 def add_commands(subparsers) -> None:
     """Register ``bench`` on an argparse subparsers object."""
     from .bench_policies import add_arguments as add_policy_arguments
-    from .compare import add_compare_arguments
 
     b = subparsers.add_parser("bench", help="acceptance per workload and drafter (greedy and T=0.8)")
     b.add_argument("--workload", default=None, help="'all', a workload name, comma list or a .jsonl path "
@@ -59,8 +80,6 @@ def add_commands(subparsers) -> None:
     from .serve_experiment import add_arguments as add_experiment_arguments
 
     add_experiment_arguments(b)
-    from .bench_heads import add_heads_arguments
-
     add_heads_arguments(b)
     add_policy_arguments(b)
     b.set_defaults(func=cmd_bench)

@@ -34,19 +34,6 @@ from .costmodel import step_costs
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def add_compare_arguments(p) -> None:
-    p.add_argument("--compare", action="store_true", help="speclab vs Hugging Face side by side (issue 6)")
-    p.add_argument("--draft", default=None, help="draft model for --compare (default: the family's best draft)")
-    p.add_argument("--ks", default=None, help="k values for --compare (default 2,4; --full 2,4,6)")
-    p.add_argument("--batches", default=None, help="batch sizes for the --compare batch sweep (default 1,4,16; "
-                   "--full 1,2,4,8,16,32,64,128)")
-    p.add_argument("--reps", type=int, default=None, help="interleaved repetitions per prompt (default 2; --full 3)")
-    p.add_argument("--full", action="store_true", help="--compare over the full grid (every workload, 4 prompts, "
-                   "k 2,4,6, batches to 128, 3 repetitions: about 20 minutes on 2 cores) instead of the ~3-minute "
-                   "default")
-    p.add_argument("--device", default=None)
-
-
 class PeakRSS:
     """Peak resident memory (MB) above the level at start, sampled every millisecond. On CUDA the
     allocator's own peak is used instead."""

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+from . import FAMILY_DIR
 
 
 def cmd_models(args) -> int:
@@ -33,10 +36,27 @@ def cmd_train(args) -> int:
     return run_from_args(args)
 
 
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--minutes-scale", type=float, default=1.0,
+                   help="scale every model's training tokens (and so its wall time) by this factor")
+    p.add_argument("--only", action="append", default=None, metavar="NAME",
+                   help="train only this model (repeatable); others are kept")
+    p.add_argument("--out", type=Path, default=FAMILY_DIR, help="family directory (default: the package's)")
+    p.add_argument("--runs", type=Path, default=Path("runs/family"), help="checkpoint directory")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-bf16", action="store_true", help="train in fp32 instead of bf16 autocast")
+    p.add_argument("--no-quality", action="store_true")
+    p.add_argument("--no-acceptance", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (a GPU: scale the budgets with --minutes-scale)")
+    p.add_argument("--heads", action="store_true",
+                   help="train the self-drafting heads (EAGLE, Medusa, early-exit adapter) on the shipped target "
+                        "instead of the models (speclab.family.heads; --only picks heads by name)")
+
+
 def add_commands(subparsers) -> None:
     """Register ``models`` and ``train`` on an argparse subparsers object."""
-    from .train import add_train_arguments
-
     m = subparsers.add_parser("models", help="list the embedded model family")
     m.add_argument("--json", action="store_true", help="print a JSON list")
     m.set_defaults(func=cmd_models)

@@ -732,25 +732,6 @@ def format_training_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--minutes-scale", type=float, default=1.0,
-                   help="scale every model's training tokens (and so its wall time) by this factor")
-    p.add_argument("--only", action="append", default=None, metavar="NAME",
-                   help="train only this model (repeatable); others are kept")
-    p.add_argument("--out", type=Path, default=FAMILY_DIR, help="family directory (default: the package's)")
-    p.add_argument("--runs", type=Path, default=Path("runs/family"), help="checkpoint directory")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--no-bf16", action="store_true", help="train in fp32 instead of bf16 autocast")
-    p.add_argument("--no-quality", action="store_true")
-    p.add_argument("--no-acceptance", action="store_true")
-    p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (a GPU: scale the budgets with --minutes-scale)")
-    p.add_argument("--heads", action="store_true",
-                   help="train the self-drafting heads (EAGLE, Medusa, early-exit adapter) on the shipped target "
-                        "instead of the models (speclab.family.heads; --only picks heads by name)")
-
-
 def run_from_args(args) -> int:
     if getattr(args, "heads", False):
         from .heads import run_from_args as run_heads
@@ -767,6 +748,8 @@ def run_from_args(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m speclab.family.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .cli import add_train_arguments
+
     add_train_arguments(p)
     return run_from_args(p.parse_args(argv))
 
