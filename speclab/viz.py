@@ -296,3 +296,82 @@ def advisor_curves_chart(curves: dict):
     one = alt.Chart(d).mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(1.0))
     return alt.layer(lines, one).properties(width=520, height=220,
                                             title="predicted speedup vs load (best k at each batch)")
+
+
+TREE_COLOURS = {"accepted": ("#dafbe1", "#1a7f37"), "rejected": ("#ffebe9", "#cf222e"),
+                "discarded": ("#f6f8fa", "#8c959f"), "root": ("#ddf4ff", "#0969da")}
+
+
+def tree_svg(tree: dict, token_text, root_text: str = "·") -> str:
+    """One round's token tree as SVG: the newest committed token (root) on the left, nodes by depth to the
+    right, each coloured by its fate (accepted / rejected / discarded under a rejected node), the accepted
+    path drawn thick, and the target's own next token after the path. ``tree`` is ``RowRound.tree``;
+    ``token_text(id)`` gives a token's text."""
+    import html as _html
+
+    tokens, parents, fates = tree["tokens"], tree["parents"], tree["fates"]
+    path = set(tree.get("path") or [])
+    n = len(tokens)
+    children: dict[int, list[int]] = {-1: []}
+    for i in range(n):
+        children.setdefault(i, [])
+        children.setdefault(parents[i], []).append(i)
+    # y: leaves in depth-first order, a parent centred on its children
+    ys: dict[int, float] = {}
+    nxt = [0]
+
+    def place(v: int) -> float:
+        kids = children.get(v, [])
+        if not kids:
+            ys[v] = nxt[0]
+            nxt[0] += 1
+        else:
+            ys[v] = sum(place(c) for c in kids) / len(kids)
+        return ys[v]
+
+    place(-1)
+    depth = {-1: 0, **{i: d for i, d in enumerate(tree["depth"])}}
+    W, H, BW, BH = 110, 34, 92, 24
+    rows = max(nxt[0], 1)
+    extra = 1 if tree.get("next_token") is not None else 0
+    width = (max(depth.values()) + 1 + extra) * W + 20
+    height = rows * H + 20
+
+    def xy(v):
+        return 10 + depth[v] * W, 10 + ys[v] * H
+
+    def label(t):
+        s = token_text(t).replace("\n", "⏎")
+        return _html.escape(s if len(s) <= 11 else s[:10] + "…")
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'font-family="ui-monospace, monospace" font-size="12">']
+    for i in range(n):  # edges first, under the boxes
+        (x0, y0), (x1, y1) = xy(parents[i]), xy(i)
+        on = i in path
+        parts.append(f'<line x1="{x0 + BW}" y1="{y0 + BH / 2}" x2="{x1}" y2="{y1 + BH / 2}" '
+                     f'stroke="{"#1a7f37" if on else "#d0d7de"}" stroke-width="{3 if on else 1}"/>')
+    nodes = [(-1, "root", root_text)] + [(i, fates[i], label(tokens[i])) for i in range(n)]
+    for v, fate, text in nodes:
+        x, y = xy(v)
+        fill, stroke = TREE_COLOURS.get(fate, TREE_COLOURS["discarded"])
+        thick = 3 if v in path else 1
+        tip = "newest committed token" if v < 0 else (
+            f"{fate} · depth {depth[v]} · draft p={_fmt(tree['draft_probs'][v])} · "
+            f"target p={_fmt(tree['target_probs'][v])}")
+        parts.append(f'<g><title>{_html.escape(tip)}</title><rect x="{x}" y="{y}" width="{BW}" height="{BH}" '
+                     f'rx="4" fill="{fill}" stroke="{stroke}" stroke-width="{thick}"/>'
+                     f'<text x="{x + 6}" y="{y + 16}" fill="{stroke}">{text}</text></g>')
+    if extra:  # the target's own token after the accepted path (recovered or bonus)
+        last = max(path, key=lambda v: depth[v]) if path else -1
+        x, y = xy(last)
+        nx = x + W
+        status = tree.get("next_status") or "recovered"
+        fill, stroke = {"bonus": ("#ddf4ff", "#0969da")}.get(status, ("#fff1e5", "#bc4c00"))
+        parts.append(f'<line x1="{x + BW}" y1="{y + BH / 2}" x2="{nx}" y2="{y + BH / 2}" stroke="{stroke}" '
+                     f'stroke-dasharray="4 3"/>')
+        parts.append(f'<g><title>{status}: the target\'s own token</title><rect x="{nx}" y="{y}" width="{BW}" '
+                     f'height="{BH}" rx="4" fill="{fill}" stroke="{stroke}"/><text x="{nx + 6}" y="{y + 16}" '
+                     f'fill="{stroke}">{label(tree["next_token"])}</text></g>')
+    parts.append("</svg>")
+    return "".join(parts)

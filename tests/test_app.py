@@ -53,7 +53,7 @@ def decode(client, prompt="def add(a, b):\n    return", target=None, draft=None,
     cfg = kw.pop("models")
     out = client.predict(prompt, target or cfg["target"], draft or cfg["draft"], k, batch, fill, workload,
                          temperature, top_p, max_new_tokens, seed, pace, rows, api_name="/decode")
-    status, cards, tokens_html, result, _rows, _k_chart = out
+    status, cards, tokens_html, result, _rows, _k_chart, _tree_pick, _tree = out
     return status, cards, tokens_html, result
 
 
@@ -402,3 +402,25 @@ def test_load_tab_dead_server_is_one_line(models):
     job = core.LoadJob(cfg, s).start()
     assert job.wait(120)
     assert isinstance(job.error, SpeclabError) and "failed" in str(job.error) and "\n" not in str(job.error)
+
+
+def test_tree_decode_draws_the_rounds(models):
+    """Heads and trees in the Decode tab: a tree proposal's rounds come back with their trees, drawn as SVG
+    (fates coloured, the accepted path highlighted); early exit refuses trees in one line."""
+    from speclab.app import ui
+    from speclab.drafters.heads import list_heads
+
+    if not any(h["name"] == "eagle" for h in list_heads()):
+        pytest.skip("no shipped EAGLE head")
+    cfg = core.AppConfig.build()
+    assert {"eagle", "early-exit"} <= set(cfg.drafts)
+    s = core.validate_decode(cfg, '{"name": "', cfg.default_target, "eagle", 8, 1, 0.0, 1.0, 24, 0,
+                             tree="dynamic", nodes=8)
+    assert s.drafter_spec == "eagle:tree=dynamic:nodes=8"
+    view = list(core.run_decode(cfg, s))[-1].to_dict()
+    assert view["trees"] and all(len(t["tree"]["tokens"]) <= 8 for t in view["trees"])
+    svg = ui._tree_html(cfg, view, ui.ALL_ROWS, 1)
+    assert "<svg" in svg and "#1a7f37" in svg and "round" in svg
+    assert "No token trees" in ui._tree_html(cfg, {"trees": []}, ui.ALL_ROWS, 1)
+    with pytest.raises(SpeclabError, match="chains only"):
+        core.validate_decode(cfg, "x", cfg.default_target, "early-exit", 4, 1, 0.0, 1.0, 8, 0, tree="static")

@@ -54,12 +54,14 @@ def _status(page, elem_id: str) -> str:
     return page.evaluate(STATUS_JS, elem_id)
 
 
-def _wait_status(page, elem_id: str, before: str | None = None, timeout=120_000) -> str:
-    """Wait until the status shows a finished run (✓) or an error (⚠), different from ``before``."""
-    page.wait_for_function(
-        "([id, before]) => { " + FIND + " return e && /[✓⚠]/.test(e.innerText) && e.innerText !== before; }",
-        arg=[elem_id, before], timeout=timeout)
-    return _status(page, elem_id)
+def _wait_status(page, elem_id: str, before: str | None = None, timeout=120_000, contains: str = "") -> str:
+    """Wait until the status shows a finished run (✓) or an error (⚠), different from ``before`` (and, with
+    ``contains``, naming it: a control changed on the way may have re-run the previous configuration first)."""
+    done = page.wait_for_function(
+        "([id, before, has]) => { " + FIND + " return e && /[✓⚠]/.test(e.innerText) && e.innerText !== before"
+        " && (/⚠/.test(e.innerText) || e.innerText.includes(has)) && e.innerText; }",
+        arg=[elem_id, before, contains], timeout=timeout)
+    return done.json_value()  # the text that met the condition (a re-run may already have replaced it)
 
 
 def _wait_chart(page, plot: str) -> None:
@@ -174,3 +176,23 @@ def test_load_tab_runs(page, tmp_path):
     for plot in ("#plot-load", "#plot-pace-low", "#plot-pace-high"):
         _wait_chart(page, plot)
     page.screenshot(path=str(tmp_path / "load.png"), full_page=True)
+
+
+def test_tree_round_is_drawn(page, tmp_path):
+    """A tree proposal (the EAGLE head, dynamic tree) draws the last round's tree: nodes coloured by fate, the
+    accepted path highlighted."""
+    from speclab.drafters.heads import list_heads
+
+    if not any(h["name"] == "eagle" for h in list_heads()):
+        pytest.skip("no shipped EAGLE head")
+    page.get_by_role("tab", name="Decode").click()
+    page.locator("#tree-shape").get_by_label("dynamic").check()
+    page.locator("#draft input").click()
+    page.get_by_role("option", name="eagle (a head on the target's features)").click()
+    before = _status(page, "decode-status")
+    page.locator("#run").click()
+    status = _wait_status(page, "decode-status", before=before, contains="eagle")
+    assert "✓" in status and "eagle" in status, status
+    page.locator("#tree-view svg").first.wait_for(timeout=60_000)
+    assert page.locator("#tree-view svg rect").count() >= 3
+    page.screenshot(path=str(tmp_path / "tree.png"), full_page=True)

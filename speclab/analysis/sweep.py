@@ -11,6 +11,7 @@ policy, the decoder's step costs are calibrated once (outside the timed runs; se
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -22,6 +23,7 @@ from ..limits import check_batch, check_k
 from ..models import LM, default_device, load_model
 
 _MODELS: dict[tuple, LM] = {}
+_MODELS_LOCK = threading.RLock()
 
 
 def cached_model(spec: str, device=None, role: str = "model", dtype=None) -> LM:
@@ -31,9 +33,10 @@ def cached_model(spec: str, device=None, role: str = "model", dtype=None) -> LM:
     dev = torch.device(device) if device is not None else default_device()
     dt = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)  # load_model's default
     key = (spec, str(dev), str(dt))
-    if key not in _MODELS:
-        _MODELS[key] = load_model(spec, device=dev, role=role, dtype=dt)
-    return _MODELS[key]
+    with _MODELS_LOCK:  # two sessions asking for the same model at once load it once
+        if key not in _MODELS:
+            _MODELS[key] = load_model(spec, device=dev, role=role, dtype=dt)
+        return _MODELS[key]
 
 
 def new_drafter(spec: str, target: LM):

@@ -38,7 +38,23 @@ DEFAULT_POLICY = "fixed"
 FILL_COPIES = "copies of the prompt"
 FILL_WORKLOAD = "other prompts of the workload"
 BUILTIN_DRAFTS = ("ngram", "none")
-DRAFT_LABELS = {"ngram": "ngram (prompt lookup, no model)", "none": "none (baseline, k = 0)"}
+SELF_DRAFTS = ("eagle", "medusa", "early-exit")  # drafters from the target itself (offered when shipped)
+DRAFT_LABELS = {"ngram": "ngram (prompt lookup, no model)", "none": "none (baseline, k = 0)",
+                "eagle": "eagle (a head on the target's features)", "medusa": "medusa (heads on the target)",
+                "early-exit": "early-exit (the target's first layers)"}
+TREE_SHAPES = ("chain", "static", "dynamic")
+MAX_NODES = 16
+
+
+def self_drafts() -> tuple[str, ...]:
+    """The self-drafting heads shipped with the family (early exit needs no weights)."""
+    try:
+        from ..drafters.heads import list_heads
+
+        have = {h["kind"] for h in list_heads()} | {h["name"] for h in list_heads()}
+    except Exception:  # noqa: BLE001 - no heads: none offered
+        have = set()
+    return tuple(d for d in SELF_DRAFTS if d in have or d == "early-exit")
 
 
 # --------------------------------------------------------------------------------- configuration
@@ -95,7 +111,8 @@ class AppConfig:
         fam_drafts = [m["name"] for m in fam_drafts]
         targets = ([target] if target else []) + [t for t in fam_targets if t != target]
         drafts: list[str] = []
-        for d in ([draft] if draft else []) + list(extra_drafts or []) + fam_drafts + list(BUILTIN_DRAFTS):
+        offered = fam_drafts + (list(self_drafts()) if fam else []) + list(BUILTIN_DRAFTS)
+        for d in ([draft] if draft else []) + list(extra_drafts or []) + offered:
             if d and d not in drafts:
                 drafts.append(d)
         if draft:
@@ -135,7 +152,7 @@ def check_model_choice(cfg: AppConfig, value, role: str) -> str:
                                "--target PATH (or set SPECLAB_TARGET)")
         raise SpeclabError(f"no {role} chosen")
     value = value.strip()
-    if value in choices or (role == "draft" and value.lower() in BUILTIN_DRAFTS):
+    if value in choices or (role == "draft" and value.lower() in BUILTIN_DRAFTS + SELF_DRAFTS):
         return value.lower() if value.lower() in BUILTIN_DRAFTS else value
     if cfg.allow_custom_models:
         return value
@@ -162,10 +179,17 @@ class DecodeSettings:
     pace_ms: int = 0
     top_k: int = 0
     policy: str = "fixed"
+    tree: str = "chain"  # chain | static | dynamic
+    nodes: int = 8  # a tree's node budget (the round's k caps it too)
 
     @property
     def speculative(self) -> bool:
         return self.draft != "none" and self.k > 0 and self.policy != "off"
+
+    @property
+    def drafter_spec(self) -> str:
+        """The spec make_drafter reads: the draft, and the tree options when it proposes trees."""
+        return self.draft if self.tree == "chain" else f"{self.draft}:tree={self.tree}:nodes={self.nodes}"
 
 
 def policy_names() -> list[str]:
@@ -183,7 +207,8 @@ def check_policy(policy) -> str:
 
 
 def validate_decode(cfg: AppConfig, prompt, target, draft, k, batch, temperature, top_p, max_new_tokens, seed,
-                    fill=FILL_WORKLOAD, workload=None, pace_ms=0, top_k=0, policy="fixed") -> DecodeSettings:
+                    fill=FILL_WORKLOAD, workload=None, pace_ms=0, top_k=0, policy="fixed", tree="chain",
+                    nodes=8) -> DecodeSettings:
     if not isinstance(prompt, str) or not prompt.strip():
         raise SpeclabError("the prompt is empty: type one or pick an example")
     if len(prompt) > MAX_PROMPT_CHARS:
@@ -199,10 +224,16 @@ def validate_decode(cfg: AppConfig, prompt, target, draft, k, batch, temperature
     seed = check_int("seed", seed, 0, MAX_SEED)
     pace_ms = check_int("pause per round (ms)", pace_ms or 0, 0, 2000)
     policy = check_policy(policy or "fixed")
+    tree = tree or "chain"
+    if tree not in TREE_SHAPES:
+        raise SpeclabError(f"tree shape must be one of {', '.join(TREE_SHAPES)}, got {tree!r}")
+    nodes = check_int("tree nodes", nodes if nodes is not None else 8, 2, MAX_NODES)
+    if tree != "chain" and draft in ("none", "early-exit"):
+        raise SpeclabError(f"'{draft}' drafts chains only: pick the chain shape, or another draft for a tree")
     fill = fill if fill in (FILL_COPIES, FILL_WORKLOAD) else FILL_WORKLOAD
     workload = workload if isinstance(workload, str) and workload else None
     return DecodeSettings(prompt, target, draft, k, batch, temperature, top_p, max_new_tokens, seed, fill,
-                          workload, pace_ms, top_k, policy)
+                          workload, pace_ms, top_k, policy, tree, nodes)
 
 
 # --------------------------------------------------------------------------------- models
@@ -291,6 +322,7 @@ class RunView:
     round: int = 0
     cancelled: bool = False
     rounds: list[dict] = field(default_factory=list)  # per (round, row): the chosen k and why (speculative run)
+    trees: list[dict] = field(default_factory=list)  # tree rounds: {round, row, tree} (RowRound.tree)
 
     @property
     def speedup(self) -> float | None:
@@ -299,7 +331,7 @@ class RunView:
     def to_dict(self) -> dict:
         return {"settings": dataclasses.asdict(self.settings), "prompts": self.prompts, "tokens": self.tokens,
                 "metrics": self.metrics, "baseline_metrics": self.baseline, "speedup": self.speedup,
-                "finish_reasons": self.finish_reasons, "rounds": self.rounds, "error": None}
+                "finish_reasons": self.finish_reasons, "rounds": self.rounds, "trees": self.trees, "error": None}
 
 
 def timed_stream(dec, prompts, s: DecodeSettings, k: int, recorder) -> Iterator:
@@ -332,8 +364,8 @@ def run_decode(cfg: AppConfig, s: DecodeSettings, min_interval: float = 0.08) ->
     from ..metrics import Recorder
 
     target = get_target(cfg, s.target)
-    drafter = new_drafter(s.draft, target) if s.speculative else None
-    warm_up(target, s.draft if s.speculative else "none")
+    drafter = new_drafter(s.drafter_spec, target) if s.speculative else None
+    warm_up(target, s.drafter_spec if s.speculative else "none")
     prompts = batch_prompts(s)
     view = RunView("speculative" if s.speculative else "baseline", s, prompts)
     rec = Recorder(target)
@@ -355,6 +387,8 @@ def run_decode(cfg: AppConfig, s: DecodeSettings, min_interval: float = 0.08) ->
                 time.sleep(s.pace_ms / 1000)
     view.tokens, view.metrics = rec.token_dicts(), rec.summary()
     if s.speculative:
+        view.trees = [{"round": ev.round, "row": rr.row, "tree": rr.tree} for ev in rec.rounds for rr in ev.rows
+                      if rr.tree is not None]
         df = rec.rounds_frame()
         if len(df):
             keep = ["round", "row", "k", "k_reason", "drafted", "accepted"]
@@ -530,11 +564,12 @@ def run_timing(cfg: AppConfig, s: DecodeSettings, repeats: int = TIMING_REPEATS)
     from ..metrics import Recorder
 
     target = get_target(cfg, s.target)
-    warm_up(target, s.draft if s.speculative else "none")
+    warm_up(target, s.drafter_spec if s.speculative else "none")
     prompts = [s.prompt]
     runs = [("baseline (k=0)", None, 0)]
     if s.speculative:
-        runs.append((f"{s.draft} k={s.k}" + (f" ({s.policy})" if s.policy != "fixed" else ""), s.draft, s.k))
+        runs.append((f"{s.drafter_spec} k={s.k}" + (f" ({s.policy})" if s.policy != "fixed" else ""),
+                     s.drafter_spec, s.k))
     for _, spec, k in runs:  # warm both paths on this very prompt
         SpeculativeDecoder(target, new_drafter(spec, target) if spec else None).generate(
             prompts, k=k, max_new_tokens=min(8, s.max_new_tokens), record=False)

@@ -187,7 +187,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                                                           allow_custom_value=custom, info="the model whose output "
                                                           "is reproduced exactly" + custom_info))
                             draft = _lenient(gr.Dropdown(draft_choices, value=cfg.default_draft, label="draft",
-                                                         allow_custom_value=custom, info="embedded drafts, ngram "
+                                                         allow_custom_value=custom, elem_id="draft",
+                                                         info="embedded drafts, heads on the target, ngram "
                                                          "prompt lookup, or none" + custom_info))
                         with gr.Row():
                             k = _lenient(gr.Slider(0, core.MAX_K, value=DEFAULT_K, step=1,
@@ -197,6 +198,12 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                                                           else policies[0], label="policy",
                                                           info="how k is chosen each round", elem_id="policy",
                                                           scale=1))
+                        with gr.Row():
+                            tree = _lenient(gr.Radio(list(core.TREE_SHAPES), value="chain", label="proposal",
+                                                     info="a chain of k drafts, or a token tree verified in one "
+                                                     "pass", elem_id="tree-shape", scale=2))
+                            nodes = _lenient(gr.Slider(2, core.MAX_NODES, value=8, step=1, label="tree nodes",
+                                                       scale=1))
                         batch = _lenient(gr.Slider(1, core.MAX_BATCH, value=1, step=1, label="batch size"))
                         fill = gr.Radio([core.FILL_WORKLOAD, core.FILL_COPIES], value=core.FILL_WORKLOAD,
                                         label="rows after the first (batch > 1)")
@@ -220,49 +227,58 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                     rows = gr.Dropdown(_row_choices(1), value=ALL_ROWS, label="show", scale=0, min_width=160)
                 tokens = gr.HTML(rows_html(None), label="tokens", elem_id="tokens")
                 k_plot = gr.Plot(label="draft length per round", show_label=False, elem_id="plot-k-rounds")
+                with gr.Accordion("token trees (tree proposals)", open=True):
+                    tree_pick = gr.Slider(1, 2, value=1, step=1, label="tree round (of the rows shown)")
+                    tree_view = gr.HTML("", elem_id="tree-view")
                 with gr.Accordion("raw result (JSON, as returned by the API)", open=False):
                     result = gr.JSON(label="result")
                 state = gr.State(None)
 
                 decode_inputs = [prompt, target, draft, k, batch, fill, workload, temperature, top_p, max_new, seed,
-                                 pace, rows, top_k, policy]
-                decode_outputs = [status, cards, tokens, result, state, rows, k_plot]
+                                 pace, rows, top_k, policy, tree, nodes]
+                decode_outputs = [status, cards, tokens, result, state, rows, k_plot, tree_pick, tree_view]
 
                 @gpu(180)
                 def _decode(prompt_, target_, draft_, k_, batch_, fill_, workload_, temp_, top_p_, max_new_,
-                            seed_, pace_, rows_, top_k_=0, policy_="fixed", auto_run=False):
+                            seed_, pace_, rows_, top_k_=0, policy_="fixed", tree_="chain", nodes_=8,
+                            auto_run=False):
                     try:
                         s = core.validate_decode(cfg, prompt_, target_, draft_, k_, batch_, temp_, top_p_,
-                                                 max_new_, seed_, fill_, workload_, pace_, top_k_, policy_)
+                                                 max_new_, seed_, fill_, workload_, pace_, top_k_, policy_, tree_,
+                                                 nodes_)
                     except SpeclabError as e:
                         if auto_run:  # a control moved with no valid run to redo: stay quiet
                             yield tuple(gr.skip() for _ in decode_outputs)
                             return
                         gr.Warning(str(e))
                         yield (_error_md(str(e)), gr.skip(), gr.skip(), {"error": str(e)}, gr.skip(), gr.skip(),
-                               gr.skip())
+                               gr.skip(), gr.skip(), gr.skip())
                         return
                     which = rows_ if rows_ in _row_choices(s.batch) else ALL_ROWS
                     row_update = gr.update(choices=_row_choices(s.batch), value=which)
                     yield (f"▶ loading `{s.target}`" + (f" and `{s.draft}`" if s.speculative else "") + "…",
                            viz.metric_cards_html(None, None, "speculative"), gr.skip(), gr.skip(), gr.skip(),
-                           row_update, gr.skip())
+                           row_update, gr.skip(), gr.skip(), gr.skip())
                     view = None
                     try:
                         for view in core.run_decode(cfg, s):
                             d = view.to_dict()
                             done = view.phase == "done"
-                            chart = gr.skip()
+                            chart, pick, drawn = gr.skip(), gr.skip(), gr.skip()
                             if done:
                                 chart = viz.k_per_round_chart(view.rounds) if view.rounds else None
+                                trees = _trees_of(d, which)
+                                pick = gr.update(minimum=1, maximum=max(2, len(trees)), value=max(1, len(trees)))
+                                drawn = _tree_html(cfg, d, which, len(trees))
                             yield (_status(view), viz.metric_cards_html(view.metrics, view.baseline, view.phase),
                                    gr.skip() if view.phase == "baseline" else rows_html(d, which),
-                                   d if done else gr.skip(), d if done else gr.skip(), gr.skip(), chart)
+                                   d if done else gr.skip(), d if done else gr.skip(), gr.skip(), chart, pick,
+                                   drawn)
                     except Exception as e:  # noqa: BLE001 - one line in the page, never a traceback
                         msg = _one_line(e)
                         gr.Warning(msg)
                         yield (_error_md(msg), gr.skip(), gr.skip(), {"error": msg}, gr.skip(), gr.skip(),
-                               gr.skip())
+                               gr.skip(), gr.skip(), gr.skip())
 
                 def _decode_auto(*args):
                     yield from _decode(*args, auto_run=True)
@@ -279,7 +295,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                                show_progress="minimal", show_progress_on=tokens)
                 auto_ev = gr.on([k.release, batch.release, temperature.release, top_p.release, max_new.release,
                                  pace.release, seed.submit, draft.input, target.input, fill.input, top_k.release,
-                                 policy.input],
+                                 policy.input, tree.input, nodes.release],
                                 _decode_auto_gated, decode_inputs + [auto], decode_outputs,
                                 api_visibility="private", trigger_mode="always_last", concurrency_id="decode",
                                 show_progress="minimal", show_progress_on=tokens)
@@ -308,6 +324,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                     return rows_html(view, which)
 
                 rows.input(_show_rows, [state, rows], tokens, api_visibility="private")
+                tree_pick.release(lambda view, which, i: _tree_html(cfg, view, which, i), [state, rows, tree_pick],
+                                  tree_view, api_visibility="private")
 
             # ============================================================ Sweep
             with gr.Tab("Sweep", id="sweep"):
@@ -640,3 +658,30 @@ def _load_outputs(results: dict, seconds: float):
             "e2e_p95_ms", "tokens_per_burst", "call", "verdict"]
     return (msg, chart, strip(levels[0]), strip(levels[-1]) if len(levels) > 1 else None,
             table[[c for c in cols if c in table.columns]].round(2), acc.round(3) if len(acc) else None)
+
+
+def _trees_of(view: dict | None, which: str) -> list[dict]:
+    trees = (view or {}).get("trees") or []
+    if which not in (None, ALL_ROWS):
+        trees = [t for t in trees if f"row {t['row']}" == which]
+    return trees
+
+
+def _tree_html(cfg: AppConfig, view: dict | None, which: str, i) -> str:
+    """The i-th (1-based) tree round of the rows shown, drawn; a hint when the run had no trees."""
+    trees = _trees_of(view, which)
+    if not trees:
+        return ('<div class="speclab-rowhead">No token trees in this run: pick a tree proposal (static or '
+                'dynamic) to draw one.</div>')
+    t = trees[min(max(int(i or 1), 1), len(trees)) - 1]
+    try:
+        lm = core.get_target(cfg, view["settings"]["target"])
+    except Exception:  # noqa: BLE001 - labels fall back to ids
+        lm = None
+    text = lm.token_text if lm is not None else (lambda tok: str(tok))
+    tr = t["tree"]
+    n_acc = len(tr.get("path") or [])
+    head = (f'<div class="speclab-rowhead">round {t["round"]}, row {t["row"]}: {len(tr["tokens"])} nodes, '
+            f'{n_acc} accepted (green path), then the target\'s {tr.get("next_status") or "token"}; hover a node '
+            f'for its probabilities</div>')
+    return head + viz.tree_svg(tr, text)

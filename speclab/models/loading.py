@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from pathlib import Path
 
 import torch
+
+# at import time, not inside load_model: transformers resolves these names lazily, and two threads resolving
+# them at once (two app sessions loading models) can see a half-initialised module ("cannot import name")
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from ..errors import SpeclabError
 from .hf_backend import rollback_problem
 from .lm import LM, default_device
 from .native_llama import native_supported
 
+_LOAD_LOCK = threading.RLock()
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
@@ -70,9 +77,6 @@ def load_model(spec: str, *, device: str | torch.device | None = None, dtype: to
 
     Safetensors only, ``trust_remote_code`` off. Any failure is a one-line :class:`SpeclabError`.
     """
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # a loading bar per model is noise in a CLI, an app and a notebook
 
     what = role if role == "model" else f"{role} model"  # "model 'x'", "draft model 'x'"
@@ -95,20 +99,24 @@ def load_model(spec: str, *, device: str | torch.device | None = None, dtype: to
         known = ", ".join(_family_names()) or "none shipped yet"
         raise SpeclabError(f"unknown {what} '{spec}': not a shipped model ({known}), "
                            f"not a local directory, not a hub id")
-    try:
-        tok, config = _from_cache_or_hub(lambda offline: _tokenizer_and_config(source, offline), spec, what, local)
-        backend = _choose_backend(config, backend, what, spec)  # refusals come before any weights are read
-        model = _from_cache_or_hub(lambda offline: AutoModelForCausalLM.from_pretrained(
-            source, config=config, local_files_only=offline, use_safetensors=True, dtype=dtype,
-            attn_implementation=attention_implementation(config), trust_remote_code=False), spec, what, local)
-    except SpeclabError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any loader failure becomes one line
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SpeclabError(f"cannot load {what} '{spec}' from {source}: {msg[:300]}") from None
-    model.to(device).eval()
-    model.requires_grad_(False)
-    return LM(name, source, model, tok, backend)
+    # one load at a time: from_pretrained builds on torch's global meta-device context, which two threads
+    # (two app sessions) would corrupt for each other ("cannot copy out of meta tensor")
+    with _LOAD_LOCK:
+        try:
+            tok, config = _from_cache_or_hub(lambda offline: _tokenizer_and_config(source, offline), spec, what,
+                                             local)
+            backend = _choose_backend(config, backend, what, spec)  # refusals come before any weights are read
+            model = _from_cache_or_hub(lambda offline: AutoModelForCausalLM.from_pretrained(
+                source, config=config, local_files_only=offline, use_safetensors=True, dtype=dtype,
+                attn_implementation=attention_implementation(config), trust_remote_code=False), spec, what, local)
+        except SpeclabError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any loader failure becomes one line
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SpeclabError(f"cannot load {what} '{spec}' from {source}: {msg[:300]}") from None
+        model.to(device).eval()
+        model.requires_grad_(False)
+        return LM(name, source, model, tok, backend)
 
 
 def _from_cache_or_hub(load, spec: str, what: str, local: bool):
@@ -126,8 +134,6 @@ def _from_cache_or_hub(load, spec: str, what: str, local: bool):
 
 
 def _tokenizer_and_config(source: str, offline: bool):
-    from transformers import AutoConfig, AutoTokenizer
-
     kw = dict(local_files_only=offline, trust_remote_code=False)
     return AutoTokenizer.from_pretrained(source, **kw), AutoConfig.from_pretrained(source, **kw)
 
