@@ -477,14 +477,20 @@ class InProcess(InProcessServer):
         assert not self.server.engine.alive
 
 
-def test_plain_decoding_server(models):
-    """No drafter: plain decoding through the same loop, and no spec-decode metrics (as vLLM)."""
+@pytest.mark.parametrize("process", [True, False], ids=["engine-process", "engine-thread"])
+def test_plain_decoding_server(models, process):
+    """No drafter: plain decoding through the same loop, and no spec-decode metrics (as vLLM); the engine core in
+    its own process (the default on a CPU) or on a thread (CUDA)."""
     from speclab.engine import Off
     from speclab.serve.app import Server
 
     body = {"prompt": PROMPTS[3], "max_tokens": 20, "temperature": 0.7, "seed": 3, "stream": True,
             "return_token_ids": True, "stream_options": {"include_usage": True}}
-    with InProcess(Server(models["target"], None, Off(), served_name="plain")) as srv:
+    server = Server(models["target"], None, Off(), served_name="plain", engine_process=process)
+    with InProcess(server) as srv:
+        assert server.engine.process == process
+        if process:  # the model's work happens in the child, not in this process
+            assert server.engine.worker.pid != os.getpid()
         out = asyncio.run(_one(srv.url + "/v1/completions", body, {}))
         names = {f.name for f in families(srv.url)}
     text, ids, finish = reference(models, None, 0, body)
@@ -532,6 +538,76 @@ def test_an_engine_fault_fails_only_its_requests(models):
     assert c["status"] == 200 and c["token_ids"] == reference(models, "ngram", 3, ok2)[1]
     assert metric(m, "speclab:engine_errors_total") == 1
     assert metric(m, "vllm:request_success_total", finished_reason="error") == 1
+
+
+class SlowEncoding:
+    """The target LM, except that encoding takes ``delay`` seconds: the HTTP side's work before the engine sees
+    the request (parsing, tokenising) made long enough to measure."""
+
+    def __init__(self, lm, delay: float):
+        self._lm, self._delay = lm, delay
+
+    def __getattr__(self, name):
+        return getattr(self._lm, name)
+
+    def encode(self, text):
+        time.sleep(self._delay)
+        return self._lm.encode(text)
+
+
+def test_ttft_clock_starts_at_arrival(models):
+    """TTFT, queue time and E2E start when the app receives the request (vLLM's arrival time), not when the engine
+    admits it: the tokenising before admission is counted."""
+    from speclab.engine import Off
+    from speclab.serve.app import Server
+
+    delay = 0.3
+    server = Server(SlowEncoding(models["target"], delay), None, Off(), served_name="slow")
+    body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0, "stream": True}
+    with InProcess(server) as srv:
+        m0 = scrape(srv.url)
+        t0 = time.perf_counter()
+        out = asyncio.run(_one(srv.url + "/v1/completions", body, {}))
+        client_e2e = time.perf_counter() - t0
+        m1 = scrape(srv.url)
+    assert out["status"] == 200 and out["text"]
+
+    def delta(name):
+        return metric(m1, name) - metric(m0, name)
+
+    assert delta("vllm:time_to_first_token_seconds_count") == 1
+    ttft = delta("vllm:time_to_first_token_seconds_sum")
+    assert delay <= ttft <= client_e2e
+    assert delta("vllm:request_queue_time_seconds_sum") >= delay  # arrival to the engine's prefill
+    assert delay <= delta("vllm:e2e_request_latency_seconds_sum") <= client_e2e
+
+
+def test_engine_process_death_fails_requests_in_flight(models):
+    """The engine core's process dies mid-stream: the stream ends with an error event, new requests fail at once
+    (500), /health says 503, and the HTTP side stays up."""
+    from speclab.engine import Off
+    from speclab.serve.app import Server
+
+    server = Server(models["target"], None, Off(), served_name="mortal")
+    body = {"prompt": PROMPTS[2], "max_tokens": 900, "ignore_eos": True, "temperature": 0, "stream": True}
+    with InProcess(server) as srv:
+        assert server.engine.process
+        url = srv.url + "/v1/completions"
+
+        async def run():
+            async with httpx.AsyncClient(timeout=60) as client:
+                streaming = asyncio.ensure_future(post(client, url, body, {}))
+                while server.engine.running == 0:  # it runs
+                    await asyncio.sleep(0.02)
+                os.kill(server.engine.worker.pid, signal.SIGKILL)
+                return await streaming
+
+        out = asyncio.run(run())
+        assert "error" in out and out["finish_reason"] is None
+        after = httpx.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert after.status_code == 500 and after.json()["error"]["message"]
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 503
+        assert metric(scrape(srv.url), "vllm:request_success_total", finished_reason="error") == 2
 
 
 # ------------------------------------------------------------------------------ f) graceful shutdown

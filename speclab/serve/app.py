@@ -1,4 +1,4 @@
-"""The FastAPI app: OpenAI-compatible routes over the engine thread.
+"""The FastAPI app: OpenAI-compatible routes over the engine (its core in a process of its own on a CPU).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming as server-sent events, ``data:
 {...}`` per chunk and a final ``data: [DONE]``, or one JSON body), ``GET /v1/models``, ``GET /health``,
@@ -28,6 +28,7 @@ from .. import __version__
 from ..engine.request import Request as EngineRequest
 from ..engine.scheduler import QueueFull, Scheduler
 from ..errors import SpeclabError
+from ..models import check_draft_context
 from .detok import IncrementalText, fast_decoder
 from .prom import ServerMetrics
 from .protocol import (
@@ -43,7 +44,7 @@ from .protocol import (
     parse_completion,
     stop_reason,
 )
-from .runner import ERROR, TOKENS, Engine
+from .runner import ERROR, TOKENS, Engine, fork_ok, plan_cpus
 
 
 class SSEResponse(StreamingResponse):
@@ -63,11 +64,12 @@ class SSEResponse(StreamingResponse):
 
 
 class Server:
-    """Everything one app serves: the model, the engine thread, the metrics, the switches."""
+    """Everything one app serves: the model, the engine, the metrics, the switches."""
 
     def __init__(self, target, drafter, policy, *, served_name: str, max_num_seqs: int = 64,
                  max_waiting: int = 256, max_model_len: int | None = None, api_key: str | None = None,
-                 stream_split_tokens: bool = False, method: str = "none", draft_name: str = "none"):
+                 stream_split_tokens: bool = False, method: str = "none", draft_name: str = "none",
+                 engine_process: bool | None = None, engine_threads: int | None = None, cpu_binding: str = "none"):
         self.lm = target
         self.decode = fast_decoder(target)  # == target.decode, cheaper per call
         context = min(max_model_len or target.max_context, target.max_context)
@@ -77,6 +79,8 @@ class Server:
         self.draining = False
         self.created = int(time.time())
         speculative = drafter is not None and policy.k_max > 0
+        # a draft must hold every position a request needs: refused here, with the other limits (a 400)
+        self.draft_lm = getattr(drafter, "lm", None) if speculative else None
         self.metrics = ServerMetrics(served_name, speculative=speculative, k_max=policy.k_max if speculative else 0,
                                      policy=policy.name, method=method if speculative else "none",
                                      draft=draft_name if speculative else "none", max_model_len=context)
@@ -90,7 +94,16 @@ class Server:
             costs = s.costs
             return s
 
-        self.engine = Engine(make_scheduler, self.metrics)
+        # the engine core in a process of its own where a fork is safe (speclab.serve.runner); a forked process
+        # cannot use the parent's OpenMP thread pool, so it runs the model on one thread: asked for more, the
+        # core goes on a thread of this process
+        threads = engine_threads or 1
+        process = fork_ok(target.device) and threads == 1 if engine_process is None else engine_process
+        if process and threads > 1:
+            raise SpeclabError(f"an engine process runs the model on one thread (a forked process cannot use OpenMP's "
+                               f"thread pool); asked for {threads}: use 1 thread, or the engine on a thread")
+        self.engine = Engine(make_scheduler, self.metrics, process=process, max_in_flight=max_num_seqs + max_waiting,
+                             threads=1 if process else None, cpus=plan_cpus(cpu_binding))
         self.metrics.bind(self.engine.counts)
 
     # ------------------------------------------------------------------ requests
@@ -103,9 +116,12 @@ class Server:
                 raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
                                "authentication_error", code="invalid_api_key")
 
-    def submit(self, g, rid: str):
-        req = EngineRequest(g.prompt_ids, g.max_tokens, g.params, g.seed, g.stop, g.ignore_eos, request_id=rid)
+    def submit(self, g, rid: str, arrival: float):
+        req = EngineRequest(g.prompt_ids, g.max_tokens, g.params, g.seed, g.stop, g.ignore_eos, request_id=rid,
+                            arrival=arrival)
         try:
+            if self.draft_lm is not None:
+                check_draft_context(self.lm, self.draft_lm, len(g.prompt_ids) + g.max_tokens)
             return self.engine.submit(req, g.stream)
         except QueueFull as e:
             self.metrics.rejected()
@@ -114,11 +130,13 @@ class Server:
             raise bad(str(e)) from None
 
     async def generate(self, request: Request, kind: str):
+        # the request's clock starts when the app received it (vLLM's arrival time), before any parsing
+        arrival = request.scope.get(ARRIVAL) or time.perf_counter()
         self.check(request)
         body = parse_body(await request.body())
         g = (parse_chat if kind == "chat" else parse_completion)(body, self.info)
         rid = new_id(kind)
-        h = self.submit(g, rid)
+        h = self.submit(g, rid, arrival)
         fmt = Formatter(kind, rid, self.info.served_name, g.return_token_ids, g.prompt_ids)
         if g.stream:
             return SSEResponse(self.stream(h, g, fmt), lambda: self.engine.cancel(h))
@@ -189,6 +207,21 @@ class Server:
                                             "max_model_len": self.info.context}]}
 
 
+ARRIVAL = "speclab.arrival"  # scope key: when the app received the request (perf_counter)
+
+
+class ArrivalClock:
+    """ASGI middleware: stamps each HTTP request with its arrival time, the first thing the app does with it."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            scope[ARRIVAL] = time.perf_counter()
+        await self.app(scope, receive, send)
+
+
 async def _disconnected(request: Request) -> None:
     while True:
         msg = await request.receive()
@@ -201,14 +234,16 @@ def create_app(server: Server) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app):
-        server.engine.start(asyncio.get_running_loop())
+        await server.engine.start()
         try:
             yield
         finally:
+            server.engine.request_stop()
             await asyncio.to_thread(server.engine.stop)
 
     app = FastAPI(title="speclab serve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = server
+    app.add_middleware(ArrivalClock)
 
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):

@@ -45,6 +45,13 @@ def add_commands(sub) -> None:
                    "verification round per chunk, as real servers do)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for tiny models)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--engine", choices=("auto", "process", "thread"), default="auto", help="where the engine core "
+                   "runs: its own process (the HTTP side and the model then use a core each, as vLLM's API server and "
+                   "EngineCore) or a thread of the server's process; auto: a process on the CPU, a thread on CUDA")
+    p.add_argument("--cpu-binding", choices=("auto", "none"), default="auto",
+                   help="auto (default): with an engine process and at least 2 CPUs, bind the engine core to the first "
+                   "CPU and the HTTP side to the others, as vLLM's CPU build binds its worker to a core (measured: "
+                   "less CPU per token); none: the OS places both")
     p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug",
                                                                    "trace"])
     p.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request")
@@ -93,6 +100,12 @@ def cmd_serve(args) -> int:
         model = args.model or default_target()
         target = load_model(model, device=args.device, role="target")
         setup_threads(args.threads, target)
+        import torch
+
+        if args.engine == "process" and torch.get_num_threads() > 1:
+            raise SpeclabError(f"--engine process runs the model on one thread (a forked process cannot use "
+                               f"OpenMP's thread pool); got --threads {torch.get_num_threads()}: use --threads 1 or "
+                               f"--engine thread")
         if spec is None:
             spec = family_default(target)
         if args.max_model_len is not None:
@@ -108,15 +121,17 @@ def cmd_serve(args) -> int:
         server = Server(target, drafter, policy, served_name=served, max_num_seqs=max_seqs, max_waiting=max_wait,
                         max_model_len=args.max_model_len, api_key=args.api_key,
                         stream_split_tokens=args.stream_split_tokens, method=spec.method or "none",
-                        draft_name=spec.model or spec.method or "none")
+                        draft_name=spec.model or spec.method or "none",
+                        engine_process=None if args.engine == "auto" else args.engine == "process",
+                        cpu_binding=args.cpu_binding, engine_threads=torch.get_num_threads())
         app = create_app(server)
     except BaseException:
         sock.close()
         raise
     host, port = sock.getsockname()[:2]
     print(f"speclab serve: model {target.name} served as '{served}' · speculation: {spec.describe()} · policy "
-          f"{policy.name} · up to {max_seqs} running, {max_wait} waiting · context {server.info.context} · "
-          f"http://{host}:{port}/v1", file=sys.stderr, flush=True)
+          f"{policy.name} · up to {max_seqs} running, {max_wait} waiting · context {server.info.context} · engine "
+          f"{'process' if server.engine.process else 'thread'} · http://{host}:{port}/v1", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
                             lifespan="on", timeout_graceful_shutdown=None)
     draining_server(config, server).run(sockets=[sock])

@@ -18,7 +18,7 @@ def free_port() -> int:
 
 class InProcessServer:
     """``with InProcessServer(Server(...)) as srv: srv.url`` — started on enter (waits for /health),
-    stopped on exit (the app's shutdown stops the engine thread)."""
+    stopped on exit (the app's shutdown stops the engine core)."""
 
     def __init__(self, server, startup_timeout: float = 30.0):
         import uvicorn

@@ -1,4 +1,5 @@
-"""``/metrics``: Prometheus metrics fed from the scheduler's events, under vLLM's names.
+"""``/metrics``: Prometheus metrics fed from the scheduler's events (as the engine core reports them), under
+vLLM's names.
 
 Names, types, label names (``model_name``, ``engine="0"``) and histogram buckets are those vLLM 0.32
 exports (checked against its CPU server), so the same dashboards and probes read both servers:
@@ -10,8 +11,9 @@ exports (checked against its CPU server), so the same dashboards and probes read
   vLLM: ``vllm:spec_decode_num_drafts`` (row-rounds that drafted at least one token),
   ``vllm:spec_decode_num_draft_tokens``, ``vllm:spec_decode_num_accepted_tokens`` and
   ``vllm:spec_decode_num_accepted_tokens_per_pos`` (label ``position`` 0..k-1);
-* gauges: ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` (read from the scheduler when scraped);
-* histograms: ``vllm:time_to_first_token_seconds`` (arrival to first token), ``vllm:inter_token_latency_seconds``
+* gauges: ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` (the engine's latest report, when scraped);
+* histograms: ``vllm:time_to_first_token_seconds`` (from the request's arrival, when its HTTP handler starts, as
+  vLLM's arrival time, to its first token reaching the HTTP side), ``vllm:inter_token_latency_seconds``
   (one observation per round and request, as vLLM's per-step ITL: under speculation a round brings several
   tokens), ``vllm:request_time_per_output_token_seconds`` ((finish - first token) / (tokens - 1)),
   ``vllm:e2e_request_latency_seconds``, ``vllm:request_queue_time_seconds``, ``vllm:request_prefill_time_seconds``,
@@ -139,43 +141,39 @@ class ServerMetrics:
         self.running.set_function(lambda: counts()[0])
         self.waiting.set_function(lambda: counts()[1])
 
-    # ------------------------------------------------------------------ observer (engine thread)
-    def on_event(self, ev, reqs, news, gaps) -> None:
-        """A RoundEvent with the requests of its rows, their new token counts and the time since their
-        previous tokens (None: first tokens)."""
-        gen = sum(news)
+    # ------------------------------------------------------------------ observer (speclab.serve.runner.Engine)
+    def on_round(self, phase: str, time: float, prefill_s: float, rows: list, handles: dict) -> None:
+        """A scheduler event as the engine core reports it (speclab.serve.core): ``rows`` ``(request id, new
+        tokens, k, k capped by the budget, drafted, accepted)``; ``handles`` the requests in flight by id."""
+        gen = sum(r[1] for r in rows)
         if gen:
             self.generation_tokens.inc(gen)
-        if ev.phase == "prefill":
-            prefill_s = ev.timings.get("prefill", 0.0)
-            started = ev.time - prefill_s
-            for req in reqs:
-                if req is None:
+        if phase == "prefill":
+            started = time - prefill_s
+            for rid, *_ in rows:
+                h = handles.get(rid)
+                if h is None:
                     continue
+                req = h.req
                 n = len(req.prompt_ids)
                 self.prompt_tokens.inc(n)
                 self.req_prompt.observe(n)
                 self.params_max_tokens.observe(req.max_new_tokens)
                 self.max_gen.observe(req.max_new_tokens)
                 self.params_n.observe(1)
-                self.ttft.observe(max(0.0, ev.time - req.arrival))
                 self.queue_time.observe(max(0.0, started - req.arrival))
                 self.prefill_time.observe(prefill_s)
-                self._prefill_s[req.request_id] = prefill_s
+                self._prefill_s[rid] = prefill_s
             return
         self.rounds.inc()
-        for g in gaps:
-            if g is not None:
-                self.itl.observe(g)
         if not self.speculative:
             return
         drafts = drafted = accepted = 0
         ks = n_k = 0
-        for rr in ev.rows:
-            if not rr.k_reason.startswith("budget"):  # a row near its end drafts less: not the policy's choice
-                ks += rr.k
+        for _, _, k, capped, nd, na in rows:
+            if not capped:  # a row near its end drafts less: not the policy's choice
+                ks += k
                 n_k += 1
-            nd, na = rr.num_drafted, rr.num_accepted
             if nd > len(self.drafted_pos):  # never with k <= k_max; kept safe for drafters that overshoot
                 self._grow_positions(nd)
             if nd:
@@ -192,6 +190,14 @@ class ServerMetrics:
             self.accepted.inc(accepted)
         if n_k:
             self.draft_length.set(ks / n_k)
+
+    def first_token(self, req, now: float) -> None:
+        """Time to first token: from the request's arrival (its HTTP handler starting) to its first token."""
+        self.ttft.observe(max(0.0, now - req.arrival))
+
+    def inter_token(self, gap: float) -> None:
+        """One observation per round and request (vLLM's per-step ITL)."""
+        self.itl.observe(gap)
 
     def _grow_positions(self, n: int) -> None:
         acc_pos, drf_pos, lv = self._pos_metrics

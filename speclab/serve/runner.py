@@ -1,51 +1,58 @@
-"""The engine thread: it owns the :class:`~speclab.engine.Scheduler` and hands each request's output to
-the asyncio task serving it.
+"""The HTTP side's engine: it starts the engine core (:mod:`.core`) in its own process (or a thread) and hands
+each request's output to the asyncio task serving it.
 
-* **Stepping.** The thread sleeps on a condition while the scheduler is idle (no polling) and steps it
-  while any request is running or waiting. ``submit`` and ``cancel`` come from the event loop; they take
-  the condition's lock and wake the thread.
-* **Delivery.** The thread subscribes to the scheduler's events. A prefill event carries each new
-  request's first token; a verify event carries the tokens that one round committed for each row. Each
-  event's outputs go to the loop in one ``loop.call_soon_threadsafe`` call, onto per-request asyncio
-  queues: ``(TOKENS, ids, time)`` while it runs (streamed requests only), then one ``(FINAL, ids, request)``
-  with the last round's tokens (or ``(ERROR, message, request)``). Nothing per token crosses threads.
-* **Faults.** If a step raises, the requests that were in it (running or being admitted) fail with an
-  error; the scheduler is rebuilt with the same settings and the requests still waiting move to it, so
-  the server keeps serving. (A failure mid-round may leave the caches inconsistent, so every row of that
-  round is affected; waiting requests never touched them.)
-* **Metrics.** An observer (``speclab.serve.prom.ServerMetrics``) sees every event on this thread, with the
-  requests of its rows, and every request's end. Subscribing makes the scheduler build its events (a
-  few percent per round for a tiny model, the same price ``speclab generate`` pays for its recorder).
+* **The core's place.** On a CPU the core runs in a child process forked when the app starts (vLLM's
+  API-server / EngineCore split): the model's Python work and the HTTP side's (parsing, detokenising,
+  formatting chunks) then run at once on two cores instead of taking turns at one interpreter lock, and a
+  stream's chunks are not held up behind a forward. Where a fork is unsafe (CUDA) or when asked, it runs on a
+  thread of this process. Either way the two sides share no objects: they exchange messages over a
+  :mod:`.channel`, and the core works on its own copy of each request.
+* **Admission.** Checked here, synchronously, so that a refused request gets its 400 or 429 before any
+  response starts: the request limits, and the bound on requests in flight (``max_running +
+  max_waiting``, the scheduler's own bound).
+* **Delivery.** Messages are handled on the event loop as they arrive: a request's tokens go onto its
+  asyncio queue as ``(TOKENS, ids, time)`` (streamed requests) and its end as ``(FINAL, ids, request)`` or
+  ``(ERROR, message, request)``. The request object here mirrors the core's: ``generated`` grows with
+  every delivery, and its end state is copied over when it finishes.
+* **Clocks.** A request's clock starts when its HTTP handler starts (``Request.arrival``, as vLLM's arrival
+  time), and its first-token, inter-token and finish times are when its tokens reach this side: what a
+  client sees, less the network and the chunk's writing. Both sides read the same monotonic clock.
+* **Faults.** A step that raises fails only its requests (the core rebuilds its scheduler). If the core
+  itself dies, every request in flight fails and ``/health`` turns 503.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import os
+import socket
 import threading
+import time
 from typing import Callable
 
-from ..engine.request import WAITING, Request
-from ..engine.scheduler import Scheduler
-from ..events import HookRegistry, RoundEvent
+from ..engine.request import Request
+from ..engine.scheduler import QueueFull
+from .channel import LoopChannel
+from .core import CANCEL, ENGINE_ERROR, ERROR, FINAL, ROUND, STOP, STOPPED, SUBMIT, TOKENS, apply_final, run_core
 
 log = logging.getLogger("speclab.serve")
 
-TOKENS, FINAL, ERROR = "tokens", "final", "error"
+__all__ = ["ERROR", "FINAL", "TOKENS", "Engine", "Handle"]
 
 
 class Handle:
-    """One request's link from the engine thread to the asyncio task serving it."""
+    """One request's link from the engine to the asyncio task serving it."""
 
-    __slots__ = ("req", "stream", "queue", "seen", "last_time", "done", "cancelled", "status")
+    __slots__ = ("req", "stream", "queue", "last_time", "done", "cancelled", "status")
 
     def __init__(self, req: Request, stream: bool):
         self.req = req
         self.stream = stream  # False: only the FINAL item is delivered
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.seen = 0  # tokens of req.generated already handled by the engine thread
-        self.last_time: float | None = None  # when this request's latest tokens became known
-        self.done = False  # set by the engine thread when the FINAL/ERROR item is queued
+        self.last_time: float | None = None  # when this request's latest tokens arrived here
+        self.done = False  # its FINAL/ERROR item is queued
         self.cancelled = False
         self.status: str | None = None  # how it ended: stop | length | abort | error
 
@@ -53,43 +60,90 @@ class Handle:
         return await self.queue.get()
 
 
+def plan_cpus(binding: str) -> tuple[set[int], set[int]] | None:
+    """``binding`` "auto": the engine core on one CPU and the HTTP side on the others, as vLLM's CPU build binds
+    its worker to a core and leaves the rest to its API server (None: fewer than 2 CPUs, or "none")."""
+    if binding != "auto" or not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return None
+    return {allowed[0]}, set(allowed[1:])
+
+
+def fork_ok(device) -> bool:
+    """A child process can be forked with the model in it: not on CUDA (a forked CUDA context is unusable)."""
+    return hasattr(os, "fork") and getattr(device, "type", "cpu") == "cpu"
+
+
 class Engine:
-    """Runs ``make_scheduler(hooks)`` on its own thread and serves its outputs to one asyncio loop."""
+    """Runs ``make_scheduler(hooks)`` in the engine core and serves its outputs to the running event loop.
 
-    def __init__(self, make_scheduler: Callable[[HookRegistry], Scheduler], observer=None):
-        self.hooks = HookRegistry()
-        self.hooks.subscribe(self._on_event)
+    ``process``: the core in a child process (True), on a thread (False). ``max_in_flight``: requests
+    running and waiting at most (more: QueueFull). ``observer``: the metrics (speclab.serve.prom), called on
+    the event loop."""
+
+    def __init__(self, make_scheduler: Callable, observer=None, *, process: bool = True, max_in_flight: int = 320,
+                 threads: int | None = None, cpus: tuple[set[int], set[int]] | None = None):
         self._make = make_scheduler
-        self.sched = make_scheduler(self.hooks)
         self.observer = observer
-        self.cond = threading.Condition()
+        self.process = process
+        self.max_in_flight = max_in_flight
+        self.threads = threads
+        self.cpus = cpus if process else None  # (engine core's CPUs, this process's), see plan_cpus
         self.handles: dict[str, Handle] = {}
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.thread: threading.Thread | None = None
-        self._stop = False
-        self._out: list = []  # (handle, item) produced by the current event, delivered together
+        self.running = self.waiting = 0  # as the core last reported
+        self.channel: LoopChannel | None = None
+        self.worker: multiprocessing.Process | threading.Thread | None = None
+        self._dead = False
 
-    # ------------------------------------------------------------------ from the event loop
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.thread = threading.Thread(target=self._run, name="speclab-engine", daemon=True)
-        self.thread.start()
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start the core (from the event loop that will serve the requests)."""
+        ours, theirs = socket.socketpair()
+        if self.process:
+            ctx = multiprocessing.get_context("fork")
+            self.worker = ctx.Process(target=_core_process, args=(self._make, theirs, ours, self.threads,
+                                                                  self.cpus[0] if self.cpus else None),
+                                      name="speclab-engine", daemon=True)
+            self.worker.start()
+            theirs.close()
+            if self.cpus:
+                os.sched_setaffinity(0, self.cpus[1])
+        else:
+            self.worker = threading.Thread(target=run_core, args=(self._make, theirs), kwargs={"own_process": False},
+                                           name="speclab-engine", daemon=True)
+            self.worker.start()
+        ours.setblocking(False)
+        self.channel = await LoopChannel.open(ours, self._on_messages, self._on_lost)
 
     @property
     def alive(self) -> bool:
-        return self.thread is not None and self.thread.is_alive()
+        return self.worker is not None and self.worker.is_alive() and not self._dead
 
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the core after its current step (the server has drained by then); blocks: call it off the loop."""
+        if self.worker is None:
+            return
+        self.worker.join(timeout)
+        if self.process and self.worker.is_alive():
+            self.worker.terminate()
+            self.worker.join(5)
+
+    def request_stop(self) -> None:
+        if self.channel is not None:
+            self.channel.send((STOP,))
+
+    # ------------------------------------------------------------------ requests (on the event loop)
     def submit(self, req: Request, stream: bool) -> Handle:
-        """Queue ``req``; raises QueueFull or SpeclabError (the request is then not queued)."""
+        """Send ``req`` to the core; QueueFull when the bound on requests in flight is reached."""
+        if len(self.handles) >= self.max_in_flight:
+            raise QueueFull(f"the queue is full ({self.running} running, {self.waiting} waiting; at most "
+                            f"{self.max_in_flight} in flight)")
         h = Handle(req, stream)
-        with self.cond:
-            self.handles[req.request_id] = h
-            try:
-                self.sched.submit(req)
-            except BaseException:
-                del self.handles[req.request_id]
-                raise
-            self.cond.notify()
+        self.handles[req.request_id] = h
+        if self.channel is None or not self.channel.send((SUBMIT, req)):
+            self._end(h, error="the engine is not running")
         return h
 
     def cancel(self, h: Handle) -> None:
@@ -97,87 +151,74 @@ class Engine:
         if h.done or h.cancelled:
             return
         h.cancelled = True
-        with self.cond:
-            self.sched.cancel(h.req.request_id)
-            self.cond.notify()
+        if self.channel is not None:
+            self.channel.send((CANCEL, h.req.request_id))
 
     def counts(self) -> tuple[int, int]:
-        """(running, waiting) right now."""
-        return self.sched.counts()
+        """(running, waiting), as of the core's latest report."""
+        return self.running, self.waiting
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop after the current step; anything still queued fails (the server has drained by then)."""
-        with self.cond:
-            self._stop = True
-            self.cond.notify()
-        if self.thread is not None:
-            self.thread.join(timeout)
+    # ------------------------------------------------------------------ what the core sends
+    def _on_messages(self, msgs: list) -> None:
+        now = time.perf_counter()
+        for items, self.running, self.waiting in msgs:
+            for item in items:
+                kind = item[0]
+                if kind == ROUND:
+                    self._observe("on_round", item[1], item[2], item[3], item[4], self.handles)
+                elif kind == TOKENS:
+                    h = self.handles.get(item[1])
+                    if h is not None:
+                        self._tokens(h, item[2], now)
+                        if h.stream:
+                            h.queue.put_nowait((TOKENS, item[2], now))
+                elif kind == FINAL:
+                    h = self.handles.get(item[1])
+                    if h is not None:
+                        if item[2]:
+                            self._tokens(h, item[2], now)
+                        apply_final(h.req, item[3])
+                        h.req.finish_time = now
+                        self._end(h, new=item[2])
+                elif kind == ERROR:
+                    h = self.handles.get(item[1])
+                    if h is not None:
+                        self._end(h, error=item[2])
+                elif kind == ENGINE_ERROR:
+                    self._observe("engine_error")
 
-    # ------------------------------------------------------------------ the engine thread
-    def _run(self) -> None:
-        while True:
-            with self.cond:
-                while not self._stop and self.sched.idle:
-                    self.cond.wait()
-                if self._stop:
-                    break
-                sched = self.sched
-            try:
-                done = sched.step()
-            except Exception as exc:  # noqa: BLE001 - fail the affected requests, keep serving
-                self._recover(exc)
-                continue
-            for r in done:  # cancelled requests end without an event
-                h = self.handles.get(r.request_id)
-                if h is not None and not h.done:
-                    self._final(h, [])
-            self._flush()
-        for h in list(self.handles.values()):
-            self._final(h, [], error="the server stopped before this request finished")
-        self._flush()
+    def _tokens(self, h: Handle, ids: list[int], now: float) -> None:
+        req = h.req
+        req.generated.extend(ids)
+        if req.first_token_time is None:
+            req.first_token_time = now
+            self._observe("first_token", req, now)
+        else:
+            self._observe("inter_token", now - h.last_time)
+        h.last_time = now
 
-    def _on_event(self, ev) -> None:
-        if not isinstance(ev, RoundEvent):
-            return
-        reqs, news, gaps, finals = [], [], [], []
-        for rr in ev.rows:
-            h = self.handles.get(rr.request_id)
-            if h is None:  # not ours (cannot happen: the scheduler is private to this engine)
-                reqs.append(None)
-                news.append(0)
-                gaps.append(None)
-                continue
-            gen = h.req.generated
-            new = gen[h.seen:]
-            h.seen = len(gen)
-            gaps.append(ev.time - h.last_time if new and h.last_time is not None else None)
-            if new:
-                h.last_time = ev.time
-            reqs.append(h.req)
-            news.append(len(new))
-            if rr.finished:
-                finals.append((h, new))
-            elif new and h.stream:
-                self._out.append((h, (TOKENS, new, ev.time)))
-        self._observe("on_event", ev, reqs, news, gaps)
-        for h, new in finals:
-            self._final(h, new)
-        self._flush()  # now: a prefill's first tokens go out while the round that follows runs
-
-    def _final(self, h: Handle, new: list[int], error: str | None = None) -> None:
+    def _end(self, h: Handle, new: list[int] | None = None, error: str | None = None) -> None:
         h.done = True
         self.handles.pop(h.req.request_id, None)
+        req = h.req
         if error is not None:
             h.status = "error"
-            self._out.append((h, (ERROR, error, h.req)))
+            h.queue.put_nowait((ERROR, error, req))
         else:
-            h.status = "abort" if h.req.finish_reason == "cancelled" else \
-                ("length" if h.req.finish_reason == "length" else "stop")
-            self._out.append((h, (FINAL, new, h.req)))
-        self._observe("finished", h.req, h.status)
+            h.status = "abort" if req.finish_reason == "cancelled" else \
+                ("length" if req.finish_reason == "length" else "stop")
+            h.queue.put_nowait((FINAL, new or [], req))
+        self._observe("finished", req, h.status)
+
+    def _on_lost(self) -> None:
+        """The core's end closed: it stopped, or died."""
+        self._dead = True
+        for h in list(self.handles.values()):
+            self._end(h, error=STOPPED if self.worker is None or not self.worker.is_alive() else
+                      "the engine stopped")
 
     def _observe(self, what: str, *args) -> None:
-        """A metrics failure is logged, never allowed to fail the requests of the step."""
+        """A metrics failure is logged, never allowed to fail the requests."""
         if self.observer is None:
             return
         try:
@@ -185,43 +226,9 @@ class Engine:
         except Exception:  # noqa: BLE001
             log.exception("metrics observer failed in %s", what)
 
-    def _flush(self) -> None:
-        if not self._out:
-            return
-        out, self._out = self._out, []
-        try:
-            self.loop.call_soon_threadsafe(_deliver, out)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
 
-    def _recover(self, exc: Exception) -> None:
-        log.error("engine step failed (%s: %s); failing the requests in that step", type(exc).__name__, exc,
-                  exc_info=exc)
-        self._observe("engine_error")
-        with self.cond:
-            keep = [r for r in self.sched.waiting if r.status == WAITING]
-            self.sched = self._make(self.hooks)
-            kept = set()
-            for r in keep:
-                h = self.handles.get(r.request_id)
-                if h is None or h.cancelled:
-                    continue
-                try:
-                    self.sched.submit(r)
-                    kept.add(r.request_id)
-                except Exception:  # noqa: BLE001 - it fails below with the others
-                    pass
-        msg = f"the engine failed while running this request: {type(exc).__name__}: {exc}"
-        for rid, h in list(self.handles.items()):
-            if rid not in kept:
-                if h.cancelled:
-                    h.req.finish_reason = "cancelled"
-                    self._final(h, [])
-                else:
-                    self._final(h, [], error=msg)
-        self._flush()
-
-
-def _deliver(batch: list) -> None:
-    for h, item in batch:
-        h.queue.put_nowait(item)
+def _core_process(make_scheduler, sock, parent_end, threads, cpus) -> None:
+    parent_end.close()  # the child keeps only its own end: when the parent goes, the core sees EOF
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    run_core(make_scheduler, sock, own_process=True, threads=threads)
