@@ -3,6 +3,7 @@ server all call these), each failure one :class:`SpeclabError` line."""
 
 from __future__ import annotations
 
+import json
 import math
 
 from .errors import SpeclabError
@@ -97,3 +98,14 @@ def parse_numbers(spec, what: str, *, integer: bool = False, lo: float = 0.0, lo
     if not out:
         raise SpeclabError(f"{what}: no values given")
     return out
+
+
+def parse_json_object(text: str, what: str) -> dict:
+    """A JSON object given on a command line (``what`` names the flag in the error)."""
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise SpeclabError(f"{what} is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise SpeclabError(f"{what} must be a JSON object")
+    return obj

@@ -148,33 +148,32 @@ def test_sweep_chart_renders_offline(page, tmp_path):
     assert not [e for e in page.page_errors if "vega" in e.lower()], page.page_errors
 
 
-def test_timing_tab_renders(page, tmp_path):
-    page.get_by_role("tab", name="Timing").click()
-    page.locator("#timing-run").click()
-    status = _wait_status(page, "timing-status", timeout=120_000)
-    assert "✓" in status, status
-    for plot in ("#plot-gaps", "#plot-cum", "#plot-ttft"):
+def _run_tab(page, tab: str, prefix: str, timeout: int, plots: tuple[str, ...]) -> str:
+    """Open a tab, press its run button (#PREFIX-run), wait for its status (#PREFIX-status) and its charts."""
+    page.get_by_role("tab", name=tab).click()
+    page.locator(f"#{prefix}-run").click()
+    status = _wait_status(page, f"{prefix}-status", timeout=timeout)
+    for plot in plots:
         _wait_chart(page, plot)
+    return status
+
+
+def test_timing_tab_renders(page, tmp_path):
+    status = _run_tab(page, "Timing", "timing", 120_000, ("#plot-gaps", "#plot-cum", "#plot-ttft"))
+    assert "✓" in status, status
     page.screenshot(path=str(tmp_path / "timing.png"), full_page=True)
 
 
 def test_advisor_tab_renders(page, tmp_path):
-    page.get_by_role("tab", name="Advisor").click()
-    page.locator("#advise-run").click()
-    status = _wait_status(page, "advise-status", timeout=60_000)
+    status = _run_tab(page, "Advisor", "advise", 60_000, ("#plot-advice",))
     assert "✓" in status and "enable" in status, status
-    _wait_chart(page, "#plot-advice")
     assert "Not covered" in page.locator("#advise-notes").inner_text()
     page.screenshot(path=str(tmp_path / "advisor.png"), full_page=True)
 
 
 def test_load_tab_runs(page, tmp_path):
-    page.get_by_role("tab", name="Load").click()
-    page.locator("#load-run").click()
-    status = _wait_status(page, "load-status", timeout=300_000)
+    status = _run_tab(page, "Load", "load", 300_000, ("#plot-load", "#plot-pace-low", "#plot-pace-high"))
     assert "✓" in status and "verdict" in status, status
-    for plot in ("#plot-load", "#plot-pace-low", "#plot-pace-high"):
-        _wait_chart(page, plot)
     page.screenshot(path=str(tmp_path / "load.png"), full_page=True)
 
 

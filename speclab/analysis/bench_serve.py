@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ..errors import SpeclabError
+from ..limits import parse_json_object
 
 SATURATION_GAIN = 1.10  # doubling concurrency must raise plain tokens/s by 10% to count as not saturated
 
@@ -148,13 +149,7 @@ def format_table(rows: list[dict], servers: list[str]) -> str:
 
 def _spec_config(args) -> dict:
     if args.speculative_config:
-        try:
-            spec = json.loads(args.speculative_config)
-        except ValueError as e:
-            raise SpeclabError(f"--speculative-config is not JSON: {e}") from None
-        if not isinstance(spec, dict):
-            raise SpeclabError("--speculative-config for --serve must be a JSON object")
-        return spec
+        return parse_json_object(args.speculative_config, "--speculative-config")
     from ..defaults import default_draft
 
     draft = args.draft or default_draft()

@@ -60,29 +60,20 @@ class Hardware:
         return self.peak_flops / self.bandwidth
 
 
-TB = 1e12
-# Vendor datasheet numbers: dense (no structured sparsity) tensor-core FLOP/s for 16-bit weights.
-PRESETS: dict[str, Hardware] = {
-    "h100": Hardware("H100 SXM 80GB", 3.35 * TB, 989e12, "bf16",
-                     source="NVIDIA H100 Tensor Core GPU datasheet: HBM3 3.35 TB/s; BF16 1,979 TFLOPS with "
-                            "sparsity = 989 dense; 80 GB", memory=80e9),
-    "h200": Hardware("H200 SXM 141GB", 4.8 * TB, 989e12, "bf16",
-                     source="NVIDIA H200 Tensor Core GPU datasheet: HBM3e 4.8 TB/s; BF16 1,979 TFLOPS with "
-                            "sparsity = 989 dense; 141 GB", memory=141e9),
-    "a100": Hardware("A100 SXM 80GB", 2.039 * TB, 312e12, "bf16",
-                     source="NVIDIA A100 Tensor Core GPU datasheet: HBM2e 2,039 GB/s (80GB SXM); BF16 312 "
-                            "TFLOPS dense; 80 GB", memory=80e9),
-    "l4": Hardware("L4 24GB", 0.300 * TB, 121e12, "bf16",
-                   source="NVIDIA L4 Tensor Core GPU datasheet: GDDR6 300 GB/s; BF16 242 TFLOPS with "
-                          "sparsity = 121 dense; 24 GB", memory=24e9),
-    "a10g": Hardware("A10G 24GB (AWS G5)", 0.600 * TB, 70e12, "bf16",
-                     source="NVIDIA publishes no A10G datasheet; GDDR6 600 GB/s and ~70 TFLOPS FP16/BF16 tensor "
-                            "(dense) as listed for AWS G5 (e.g. Baseten, 'NVIDIA A10 vs A10G for ML model "
-                            "inference'); the A10's datasheet gives 600 GB/s and 125 TFLOPS; 24 GB", memory=24e9),
-    "mi300x": Hardware("AMD Instinct MI300X 192GB", 5.3 * TB, 1307.4e12, "bf16",
-                       source="AMD Instinct MI300X datasheet: HBM3 5.3 TB/s; FP16/BF16 1,307.4 TFLOPS dense; 192 GB",
-                       memory=192e9),
-}
+GPU_PRESETS_PATH = Path(__file__).resolve().parent / "gpu_presets.json"
+
+
+def hardware_from_dict(data: dict) -> Hardware:
+    """A Hardware from its JSON form (the GPU presets' file, the measured CPU preset)."""
+    return Hardware(data["name"], float(data["bandwidth"]), float(data["peak_flops"]), data.get("dtype", "fp32"),
+                    overhead_s=float(data.get("overhead_s", 0.0)), source=data.get("source", ""),
+                    memory=float(data.get("memory", 0.0)), measured=dict(data.get("measured", {})))
+
+
+# Vendor datasheet numbers (gpu_presets.json, each with its source): dense (no structured sparsity)
+# tensor-core FLOP/s for 16-bit weights, bytes/s of device memory, bytes of memory.
+PRESETS: dict[str, Hardware] = {name: hardware_from_dict(d) for name, d in
+                                json.loads(GPU_PRESETS_PATH.read_text(encoding="utf-8")).items()}
 
 
 def load_cpu_preset(path: Path | str = CPU_PRESET_PATH) -> Hardware | None:
@@ -92,9 +83,7 @@ def load_cpu_preset(path: Path | str = CPU_PRESET_PATH) -> Hardware | None:
     except (OSError, ValueError):
         return None
     try:
-        return Hardware(data["name"], float(data["bandwidth"]), float(data["peak_flops"]), data.get("dtype", "fp32"),
-                        overhead_s=float(data.get("overhead_s", 0.0)), source=data.get("source", ""),
-                        memory=float(data.get("memory", 0.0)), measured=dict(data.get("measured", {})))
+        return hardware_from_dict(data)
     except (KeyError, TypeError, ValueError):
         return None
 

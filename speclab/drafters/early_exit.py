@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.sampling import logits_to_probs, sample_from_probs
 from ..errors import SpeclabError
 from .base import DraftContext, Proposal, StatelessDrafter
+from .chain import ChainDraft
 
 # m by measurement on the shipped family (`speclab bench --heads --exits`, docs/heads.md; k = 4, greedy, code,
 # json and tech_prose): mean accepted length rises with m (1.36, 1.59, 1.91, 1.97, 2.62 for m = 1..5) and so
@@ -74,30 +74,10 @@ class EarlyExitDrafter(StatelessDrafter):
         rows = torch.arange(n, device=dev)
         tok = ctx.tokens[rows, L - 1][:, None]  # (n, 1) the newest token: its K/V are not in the cache yet
         longest = max(ctx.host_lengths)
-        sampled = not params.all_greedy
-        toks, probs, tprobs, greedy_logits = [], [], [], []
-        lengths = torch.tensor(ks, device=dev)
+        chain = ChainDraft(ks, params, uniform, want_probs, stop, dev)
         for i in range(k):
-            logits = self._logits(ctx, tok, L - 1 + i, longest + i)  # (n, V)
-            p = logits_to_probs(logits, params) if (sampled or stop is not None) else None  # (n, V)
-            nxt = logits.argmax(-1)  # (n,)
-            if sampled:
-                nxt = torch.where(params.greedy, nxt, sample_from_probs(p, uniform[:, i]))
-                probs.append(p)
-                tprobs.append(p.gather(1, nxt[:, None]).squeeze(1))
-            elif want_probs:
-                greedy_logits.append(logits)
-            if stop is not None:
-                halt = stop(i, p) & (lengths > i)
-                lengths = torch.where(halt, torch.full_like(lengths, i), lengths)
-            toks.append(nxt)
-            if stop is not None and bool((lengths <= i + 1).all()):
+            nxt, go_on = chain.step(self._logits(ctx, tok, L - 1 + i, longest + i))
+            if not go_on:
                 break
             tok = nxt[:, None]
-        steps = len(toks)
-        tokens = torch.stack(toks, 1)  # (n, steps)
-        if greedy_logits:
-            gp = torch.stack(greedy_logits, 1).float().softmax(-1).gather(2, tokens[..., None]).squeeze(-1)
-            tprobs = list(gp.unbind(1))
-        return Proposal(tokens, torch.minimum(lengths, torch.full_like(lengths, steps)),
-                        torch.stack(probs, 1) if probs else None, torch.stack(tprobs, 1) if tprobs else None)
+        return chain.proposal()

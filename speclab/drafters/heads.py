@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from ..engine.sampling import logits_to_probs, sample_from_probs
 from ..errors import SpeclabError
 from .base import DraftContext, Proposal, Verified
+from .chain import ChainDraft, greedy_display
 from .trees import RowTree, TreeShape, grow_trees, pack_trees
 
 HEADS_DIR = Path(__file__).resolve().parents[1] / "family" / "heads"
@@ -280,11 +281,6 @@ def _native(target, what: str):
     return target.native
 
 
-def _greedy_display(logits_steps: list[torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
-    """The draft's (temperature 1) probability of each greedy draft token: (n, k)."""
-    return torch.stack(logits_steps, 1).float().softmax(-1).gather(2, tokens[..., None]).squeeze(-1)
-
-
 # ----------------------------------------------------------------------------------------------- Medusa
 class MedusaDrafter:
     """Drafts from the final feature of each row's last committed position: head i gives draft i (a
@@ -359,7 +355,7 @@ class MedusaDrafter:
             tokens = torch.where(params.greedy[:, None], tokens, drawn)
             tprobs = probs.gather(2, tokens[..., None]).squeeze(-1)
         elif want_probs:
-            tprobs = _greedy_display(list(logits.unbind(1)), tokens)
+            tprobs = greedy_display(list(logits.unbind(1)), tokens)
         lengths = torch.tensor([min(kb, k) for kb in ks], device=tokens.device)
         if stop is not None:  # a policy may end a row's draft before token i (checked in order, as a chain)
             dist = probs if probs is not None else logits_to_probs(logits, params)  # (n, k, V)
@@ -542,25 +538,12 @@ class EagleDrafter:
         dev = ctx.tokens.device
         k = max(ks)
         kv0 = max(ctx.host_lengths)
-        sampled = not params.all_greedy
         one = ctx.n == 1
         L = None if one else torch.tensor(ctx.host_lengths, device=dev)
-        toks, probs, tprobs, greedy_logits = [], [], [], []
-        lengths = torch.tensor(ks, device=dev)
+        chain = ChainDraft(ks, params, uniform, want_probs, stop, dev)
         for i in range(k):
-            p = logits_to_probs(logits, params) if (sampled or stop is not None) else None
-            tok = logits.argmax(-1)
-            if sampled:
-                tok = torch.where(params.greedy, tok, sample_from_probs(p, uniform[:, i]))
-                probs.append(p)
-                tprobs.append(p.gather(1, tok[:, None]).squeeze(1))
-            elif want_probs:
-                greedy_logits.append(logits)
-            if stop is not None:
-                halt = stop(i, p) & (lengths > i)
-                lengths = torch.where(halt, torch.full_like(lengths, i), lengths)
-            toks.append(tok)
-            if i == k - 1 or (stop is not None and bool((lengths <= i + 1).all())):
+            tok, go_on = chain.step(logits)
+            if i == k - 1 or not go_on:
                 break
             # position L+i: (h_{L-1+i}, d_{i+1}); it sees the row's committed slots and the draft's own above L
             if one:  # one row: every slot below kv is its own
@@ -571,13 +554,7 @@ class EagleDrafter:
                 mask = torch.arange(kv0 + i + 1, device=dev)[None, None] <= p_i[:, :, None]  # (n, 1, S)
                 h = self._step(tok[:, None], h[:, None], p_i, p_i, mask, kv0 + i + 1)[:, 0]
             logits = self._logits(h)
-        tokens = torch.stack(toks, 1)
-        if greedy_logits:
-            tprobs = list(_greedy_display(greedy_logits, tokens).unbind(1))
-        if len(toks) < k:  # every row stopped early
-            lengths = torch.minimum(lengths, torch.full_like(lengths, len(toks)))
-        return Proposal(tokens, lengths, torch.stack(probs, 1) if probs else None,
-                        torch.stack(tprobs, 1) if tprobs else None)
+        return chain.proposal()
 
     def _tree(self, ctx, ks, params, h_root, root_logits) -> Proposal:
         n, dev = ctx.n, ctx.tokens.device

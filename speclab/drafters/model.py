@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.sampling import logits_to_probs, sample_from_probs
+from ..engine.sampling import logits_to_probs
 from ..errors import SpeclabError
 from ..limits import MAX_K
 from .base import DraftContext, Proposal, Verified
+from .chain import ChainDraft
 from .trees import RowTree, TreeShape, grow_trees, pack_trees, tree_layout
 
 
@@ -86,42 +87,19 @@ class ModelDrafter:
                                     last_only=L - dlen - 1).logits[:, -1]  # (n, V)
         if self.tree.is_tree:
             return self._propose_tree(ctx, ks, params, logits)
-        sampled = not params.all_greedy
-        toks, probs, tprobs, greedy_logits = [], [], [], []
-        lengths = torch.tensor(ks, device=dev)
+        chain = ChainDraft(ks, params, uniform, want_probs, stop, dev)
         for i in range(k):
-            logits = self._align(logits)
-            p = logits_to_probs(logits, params) if (sampled or stop is not None) else None  # (n, V)
-            tok = logits.argmax(-1)  # (n,)
-            if sampled:
-                tok = torch.where(params.greedy, tok, sample_from_probs(p, uniform[:, i]))
-                probs.append(p)
-                tprobs.append(p.gather(1, tok[:, None]).squeeze(1))
-            elif want_probs:
-                greedy_logits.append(logits)  # one softmax for all k steps, after the loop
-            if stop is not None:  # a policy may end a row's draft before token i
-                halt = stop(i, p) & (lengths > i)
-                lengths = torch.where(halt, torch.full_like(lengths, i), lengths)
-            toks.append(tok)
+            tok, go_on = chain.step(self._align(logits))
             if i < k - 1:  # the last draft token is never fed: the target verifies it
-                if stop is not None and bool((lengths <= i + 1).all()):
+                if not go_on:
                     break  # every row has stopped: no more draft steps this round
                 start = L + i  # (n,) the position token i sits at
                 logits = self.cache.forward(tok[:, None], start, kv_len=max(ctx.host_lengths) + i + 1,
                                             rows=slice(0, n)).logits[:, -1]
-        steps = len(toks)
+        steps = len(chain)
         self.dlen[:n] = L + steps - 1
         self.host_dlen[:n] = [hl + steps - 1 for hl in ctx.host_lengths]
-        tokens = torch.stack(toks, 1) if toks else torch.zeros(n, 0, dtype=torch.long, device=dev)
-        if greedy_logits:  # display probabilities of the greedy drafts: (n, k, V) -> (n, k)
-            gp = torch.stack(greedy_logits, 1).float().softmax(-1).gather(2, tokens[..., None]).squeeze(-1)
-            tprobs = list(gp.unbind(1))
-        return Proposal(
-            tokens=tokens,
-            lengths=torch.minimum(lengths, torch.full_like(lengths, steps)),
-            probs=torch.stack(probs, 1) if probs else None,
-            token_probs=torch.stack(tprobs, 1) if tprobs else None,
-        )
+        return chain.proposal()
 
     def _propose_tree(self, ctx: DraftContext, ks, params, logits: torch.Tensor) -> Proposal:
         """Grow a tree per row from the draft's distribution after the newest token (``logits`` (n, V))."""

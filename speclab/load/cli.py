@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SpeclabError
+from ..limits import parse_json_object
 
 
 def _positive(name: str, v, integer=False):
@@ -36,14 +37,7 @@ def cmd_load(args) -> int:
     _positive("--timeout", args.timeout)
     if args.temperature < 0:
         raise SpeclabError(f"--temperature must be >= 0, got {args.temperature}")
-    extra = {}
-    if args.extra_body:
-        try:
-            extra = json.loads(args.extra_body)
-        except ValueError as e:
-            raise SpeclabError(f"--extra-body is not JSON: {e}") from None
-        if not isinstance(extra, dict):
-            raise SpeclabError("--extra-body must be a JSON object")
+    extra = parse_json_object(args.extra_body, "--extra-body") if args.extra_body else {}
     endpoint = Endpoint(base_url(args.url), kind=args.endpoint, model=args.model, api_key=args.api_key,
                         max_tokens=args.max_tokens, temperature=args.temperature, timeout=args.timeout,
                         seed=args.request_seed, extra=extra)
