@@ -128,6 +128,9 @@ def test_slider_release_reruns_and_stop_cancels(page):
     page.locator("#stop").click()
     page.wait_for_function("() => document.querySelector('#decode-status').innerText.includes('stopped')",
                            timeout=10_000)
+    # a round already on its way to the page when Stop was pressed may still land (its update was queued
+    # before the cancel); after that, nothing more arrives: rounds are 0.3 s apart, we watch for 1.5 s
+    page.wait_for_timeout(400)
     n = page.locator("#tokens .tok").count()
     page.wait_for_timeout(1500)
     assert page.locator("#tokens .tok").count() == n  # nothing arrives after Stop

@@ -224,8 +224,8 @@ def test_bench_heads_smoke(tiny, tmp_path, capsys):
     from speclab.cli import main
 
     out = tmp_path / "heads.json"
-    rc = main(["bench", "--heads", "--target", tiny["target"], "--workload", "json", "--prompts-per-workload", "1",
-               "--max-new-tokens", "6", "--reps", "1", "--budget", "3", "--k", "2", "--threads", "1", "--quiet",
+    rc = main(["bench", "--heads", "--target", tiny["target"], "--workload", "json",  # default prompts and reps
+               "--max-new-tokens", "6", "--budget", "3", "--k", "2", "--threads", "1", "--quiet",
                "--json", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
@@ -235,6 +235,7 @@ def test_bench_heads_smoke(tiny, tmp_path, capsys):
     assert {"plain", "early-exit k=2", "ngram chain 3", "ngram tree 3"} <= names and "eagle k=2" not in names
     assert all(r["identical"] for r in rep["rows"]) and rep["targets"]["all_identical"]["met"]
     assert all(r["cost_per_round_ms"] > 0 for r in rep["rows"])
+    assert (rep["prompts_per_workload"], rep["reps"]) == (4, 3)  # --heads' own defaults, not --compare's
 
 
 def test_bench_heads_targets_from_rows():

@@ -239,11 +239,17 @@ def best_exit(rows: list[dict]) -> dict:
     return {"table": table, "best": max(table, key=lambda r: r["speedup"]) if table else None}
 
 
+HEADS_PROMPTS, HEADS_REPS = 4, 3  # --heads defaults: prompts per workload, interleaved repetitions
+
+
 def run_heads_bench(args) -> int:
     from ..defaults import setup_threads
     from ..models import load_model
     from ..workloads import workload_names
 
+    # --prompts-per-workload and --reps are shared with --compare, whose defaults differ: None = this one's
+    args.prompts_per_workload = args.prompts_per_workload or HEADS_PROMPTS
+    args.reps = args.reps or HEADS_REPS
     torch.manual_seed(0)
     target = load_model(args.target or "target", device=args.device, role="target")
     setup_threads(args.threads or 1, target)

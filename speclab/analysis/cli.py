@@ -38,7 +38,8 @@ def add_compare_arguments(p) -> None:
     p.add_argument("--ks", default=None, help="k values for --compare (default 2,4; --full 2,4,6)")
     p.add_argument("--batches", default=None, help="batch sizes for the --compare batch sweep (default 1,4,16; "
                    "--full 1,2,4,8,16,32,64,128)")
-    p.add_argument("--reps", type=int, default=None, help="interleaved repetitions per prompt (default 2; --full 3)")
+    p.add_argument("--reps", type=int, default=None,
+                   help="interleaved repetitions per prompt (default 2; --full 3; --heads 3)")
     p.add_argument("--full", action="store_true", help="--compare over the full grid (every workload, 4 prompts, "
                    "k 2,4,6, batches to 128, 3 repetitions: about 20 minutes on 2 cores) instead of the ~3-minute "
                    "default")
@@ -63,7 +64,8 @@ def add_commands(subparsers) -> None:
                    "(default: all; --compare: json,code unless --full)")
     b.add_argument("--k", "-k", type=int, default=4)
     b.add_argument("--max-new-tokens", type=int, default=64)
-    b.add_argument("--prompts-per-workload", type=int, default=None, help="(default 8; --compare: 3, --full 4)")
+    b.add_argument("--prompts-per-workload", type=int, default=None,
+                   help="(default 8; --compare: 3, --full 4; --heads 4)")
     b.add_argument("--drafter", action="append", default=None,
                    help="drafter to measure (repeatable; default: every family draft and ngram)")
     b.add_argument("--temperature", type=float, action="append", default=None,

@@ -465,21 +465,43 @@ class BatchTable:
 
 
 @dataclass
-class Heuristic:
+class GatedRule:
+    """What the published rules behind the cost gate share: the largest k, the gate switch, and the
+    acceptance tracker the gate reads."""
+
+    k_max: int = 4
+    gate: bool = True
+
+    def _init_gate(self) -> None:
+        check_k(self.k_max)
+        self._tracker = AcceptanceTracker(self.k_max)
+        self._gate = CostGate(self._tracker)
+
+    def _gated(self, view: PolicyView, out: list[Choice], label: str, state: dict) -> list[Choice]:
+        """The rule's choices through the gate (when on), after forgetting the per-request ``state`` of rows
+        that left (kept while it is small: a request id seen again is checked against its history)."""
+        if len(state) > 2 * len(view.rows) + 64:
+            live = {r.request_id for r in view.rows}
+            for rid in [i for i in state if i not in live]:
+                del state[rid]
+        return self._gate.apply(view, out, label) if self.gate else out
+
+    def draft_stop(self):
+        return None
+
+
+@dataclass
+class Heuristic(GatedRule):
     """Hugging Face's schedule (transformers ``AssistedCandidateGenerator.update_candidate_strategy``,
     ``num_assistant_tokens_schedule="heuristic"``): per row, k += 2 after a round in which every draft
     was accepted, k -= 1 (at least 1) otherwise; starts at K, here kept within [1, K]. Rounds that
     drafted nothing leave k alone. Behind the cost gate (``gate=False``: HF's rule alone)."""
 
-    k_max: int = 4
-    gate: bool = True
     name: str = field(default="heuristic", init=False)
 
     def __post_init__(self):
-        check_k(self.k_max)
+        self._init_gate()
         self._k: dict[str, list[int]] = {}  # request id -> [history seen, k]
-        self._tracker = AcceptanceTracker(self.k_max)
-        self._gate = CostGate(self._tracker)
 
     def row_k(self, r: RowView) -> int:
         st = self._k.get(r.request_id)
@@ -498,13 +520,7 @@ class Heuristic:
         if self.gate:
             self._tracker.update(view)
         out = [Choice(k, f"heuristic k={k}") for k in (self.row_k(r) for r in view.rows)]
-        if len(self._k) > 2 * len(view.rows) + 64:
-            live = {r.request_id for r in view.rows}
-            self._k = {i: v for i, v in self._k.items() if i in live}
-        return self._gate.apply(view, out, "heuristic") if self.gate else out
-
-    def draft_stop(self):
-        return None
+        return self._gated(view, out, "heuristic", self._k)
 
 
 def ema_tiers(k_max: int) -> list[int]:
@@ -517,7 +533,7 @@ def ema_tiers(k_max: int) -> list[int]:
 
 
 @dataclass
-class Ema:
+class Ema(GatedRule):
     """SGLang-style adaptive steps (SGLang ``srt/speculative``: an EMA of the accepted length choosing
     between a few precompiled step tiers): per row, ema <- ema + beta (accepted - ema) after each
     round that drafted; the row moves up one tier when ema >= ``up`` x its tier (nearly every draft
@@ -525,21 +541,17 @@ class Ema:
     the edge does not flip every round). Tiers: powers of two below K, and K; rows start at the
     middle tier. Behind the cost gate (``gate=False``: the tier rule alone)."""
 
-    k_max: int = 4
+    name: str = field(default="ema", init=False)
     beta: float = 0.3
     up: float = 0.8
     down: float = 0.3
-    gate: bool = True
-    name: str = field(default="ema", init=False)
 
     def __post_init__(self):
-        check_k(self.k_max)
         if not 0 <= self.down < self.up <= 1:
             raise SpeclabError(f"ema needs 0 <= down < up <= 1, got down={self.down}, up={self.up}")
+        self._init_gate()
         self.tiers = ema_tiers(self.k_max)
         self._st: dict[str, list] = {}  # request id -> [history seen, ema or None, tier index]
-        self._tracker = AcceptanceTracker(self.k_max)
-        self._gate = CostGate(self._tracker)
 
     def step(self, ema: float | None, tier: int, accepted: int) -> tuple[float, int]:
         """One round's update: the new EMA and tier index (pure; unit-tested)."""
@@ -571,13 +583,7 @@ class Ema:
         for r in view.rows:
             k, ema = self.row_k(r)
             out.append(Choice(k, f"ema tier k={k}" + (f" (ema {ema:.2f})" if ema is not None else "")))
-        if len(self._st) > 2 * len(view.rows) + 64:
-            live = {r.request_id for r in view.rows}
-            self._st = {i: v for i, v in self._st.items() if i in live}
-        return self._gate.apply(view, out, "ema") if self.gate else out
-
-    def draft_stop(self):
-        return None
+        return self._gated(view, out, "ema", self._st)
 
 
 @dataclass
@@ -671,7 +677,7 @@ class Goodput:
 
 
 @dataclass
-class Confidence:
+class Confidence(GatedRule):
     """Draft up to K and stop a row's draft at the first position where the draft is unsure:
 
     * its top probability is below ``threshold`` (Hugging Face ``assistant_confidence_threshold``,
@@ -686,19 +692,15 @@ class Confidence:
     and the synthetic drafter have none and ignore it. Behind the cost gate (``gate=False``: the
     stopping rule alone)."""
 
-    k_max: int = 4
+    name: str = field(default="confidence", init=False)
     threshold: float = 0.4
     floor: float = 0.3
     gamma: float = 0.5
-    gate: bool = True
-    name: str = field(default="confidence", init=False)
 
     def __post_init__(self):
-        check_k(self.k_max)
         check_float("confidence threshold", self.threshold, 0.0, 1.0)
         check_float("confidence entropy floor", self.floor, 0.0, 1.0)
-        self._tracker = AcceptanceTracker(self.k_max)
-        self._gate = CostGate(self._tracker)
+        self._init_gate()
 
     def choose(self, view: PolicyView) -> list[Choice]:
         K = self.k_max

@@ -35,7 +35,17 @@ import torch
 import torch.nn.functional as F
 
 from . import FAMILY_DIR, MANIFEST
-from .train import DRAFT_CODE, DRAFT_COPY, batch_at, corpus_data, load_model_dir, load_tokenizer_file, lr_at
+from .train import (
+    DRAFT_CODE,
+    DRAFT_COPY,
+    RunSettings,
+    batch_at,
+    corpus_data,
+    fraction_at,
+    load_model_dir,
+    load_tokenizer_file,
+    lr_at,
+)
 
 RUNS = Path("runs/heads")
 
@@ -74,19 +84,13 @@ HEAD_SPECS: list[HeadSpec] = [
 
 
 @dataclass
-class HeadTrainConfig:
-    seed: int = 0
+class HeadTrainConfig(RunSettings):
+    threads: int = 1
+    eval_tokens: int = 60_000
     target: str = "target"
     out_dir: Path = FAMILY_DIR / "heads"
     runs_dir: Path = RUNS
     data_dir: Path = Path("runs/family")
-    minutes_scale: float = 1.0
-    only: list[str] | None = None
-    threads: int = 1
-    bf16: bool = True
-    eval_tokens: int = 60_000
-    ckpt_every_s: float = 90.0
-    copy_chars: int = 2_000_000
     log_every: int = 50
     specs: list[HeadSpec] = field(default_factory=lambda: list(HEAD_SPECS))
 
@@ -220,23 +224,15 @@ def _step_loss(spec: HeadSpec, module, target, x: torch.Tensor, cos, sin, bf16: 
 def _batch(spec: HeadSpec, data, seed: int, step: int) -> torch.Tensor:
     x = batch_at(data.train, seed, step, spec.batch, spec.seq)
     n_copy = n_code = 0
-    frac = _fraction(spec.copy_schedule, step)
+    frac = fraction_at(spec.copy_schedule, step)
     if frac > 0 and data.copy is not None:
         n_copy = max(1, round(spec.batch * frac))
         x[:n_copy] = batch_at(data.copy, seed + 1, step, n_copy, spec.seq)
-    frac = _fraction(spec.code_schedule, step)
+    frac = fraction_at(spec.code_schedule, step)
     if frac > 0 and data.code is not None:
         n_code = max(1, round(spec.batch * frac))
         x[n_copy:n_copy + n_code] = batch_at(data.code, seed + 2, step, n_code, spec.seq)
     return x[:, :-1]  # the heads' labels come from the target: no next-token column needed
-
-
-def _fraction(schedule: tuple, step: int) -> float:
-    out = 0.0
-    for start, f in schedule:
-        if step >= start:
-            out = f
-    return out
 
 
 @torch.no_grad()

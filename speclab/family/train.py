@@ -61,10 +61,10 @@ class ModelSpec:
     seed_name: str | None = None
 
     def copy_fraction_at(self, step: int) -> float:
-        return _fraction_at(self.copy_schedule, step)
+        return fraction_at(self.copy_schedule, step)
 
     def code_fraction_at(self, step: int) -> float:
-        return _fraction_at(self.code_schedule, step)
+        return fraction_at(self.code_schedule, step)
 
     def key(self) -> str:
         d = asdict(self)
@@ -85,7 +85,8 @@ class ModelSpec:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _fraction_at(schedule: tuple, step: int) -> float:
+def fraction_at(schedule: tuple, step: int) -> float:
+    """The share a mixing schedule ((start step, share), ...) gives at ``step``: the last entry started."""
     frac = 0.0
     for start, f in schedule:
         if step >= start:
@@ -120,22 +121,30 @@ DEFAULT_SPECS: list[ModelSpec] = [
 
 
 @dataclass
-class TrainConfig:
+class RunSettings:
+    """What every training run of the family takes (the models here, the heads in :mod:`.heads`): its seed, a
+    scale on every token budget, which items to train, CPU threads and bf16 autocast, the held-out tokens of
+    its evaluation, how often it checkpoints, and the copy-heavy text it mixes in."""
+
     seed: int = 0
-    out_dir: Path = FAMILY_DIR
-    runs_dir: Path = Path("runs/family")
     minutes_scale: float = 1.0
     only: list[str] | None = None
-    vocab_size: int = 2048
-    alt_vocab_size: int = 1024
-    corpus_kwargs: dict = field(default_factory=dict)
-    specs: list[ModelSpec] = field(default_factory=lambda: list(DEFAULT_SPECS))
     threads: int = 2
     bf16: bool = True
     eval_tokens: int = 150_000
     ckpt_every_s: float = 90.0
-    wait_for_init_s: float = 3600.0
     copy_chars: int = 2_000_000
+
+
+@dataclass
+class TrainConfig(RunSettings):
+    out_dir: Path = FAMILY_DIR
+    runs_dir: Path = Path("runs/family")
+    vocab_size: int = 2048
+    alt_vocab_size: int = 1024
+    corpus_kwargs: dict = field(default_factory=dict)
+    specs: list[ModelSpec] = field(default_factory=lambda: list(DEFAULT_SPECS))
+    wait_for_init_s: float = 3600.0
     quality: bool = True
     acceptance: bool = True
     progress: bool = True
