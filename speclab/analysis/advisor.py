@@ -1,5 +1,10 @@
 """The advisor: should this deployment speculate? ``speclab advise`` and :func:`advise`.
 
+Apply the speculation rubric (decode-bound share, acceptance per workload, crossover concurrency vs the
+expected one, tokenizer match) to lab results, a load run or typed figures, with the roofline cost model for a
+named deployment. Also: --validate (the model against published measurements), --measure-cpu (this machine's
+roofline), --check-cpu (the model against speedups measured here).
+
 The rubric (speculation is a candidate when the path is decode-bound, acceptance is high, concurrency
 is low to moderate and draft and target share a tokenizer) applied row by row to numbers, each with
 its source: **measured** (a lab run), **scraped** (a server's /metrics or a load run), **assumed**
@@ -813,17 +818,17 @@ def _cmd_check_cpu(args) -> int:
     return 0
 
 
+SHAPE_DIMS = ("layers", "hidden", "kv-heads", "head-dim")
+
+
 def add_commands(subparsers) -> None:
     """Register ``advise`` on an argparse subparsers object."""
     from .roofline import SHAPES, preset_names
 
     a = subparsers.add_parser(
         "advise", help="should this deployment speculate? the rubric applied to measured numbers, and a GPU what-if",
-        description="Apply the speculation rubric (decode-bound share, acceptance per workload, crossover concurrency "
-                    "vs the expected one, tokenizer match) to lab results, a load run or typed figures, with the "
-                    "roofline cost model for a named deployment. Also: --validate (the model against published "
-                    "measurements), --measure-cpu (this machine's roofline), --check-cpu (the model against speedups "
-                    "measured here).")
+        description=__doc__.split("\n\n")[1])
+
     g = a.add_argument_group("traffic (files and typed figures)")
     g.add_argument("--from", dest="inputs", action="append", default=None, metavar="PATH",
                    help="a lab or load result: speclab bench [--compare] --json, a sweep CSV/JSON, speclab load "
@@ -853,16 +858,12 @@ def add_commands(subparsers) -> None:
     d.add_argument("--target-model", default=None, help=f"a named shape: {', '.join(SHAPES)}")
     d.add_argument("--target-params", type=float, default=None, help="target parameters read per forward (e.g. 8e9)")
     d.add_argument("--bytes-per-param", type=float, default=2.0, help="bytes per parameter (2: bf16; 1: fp8)")
-    d.add_argument("--layers", type=int, default=0)
-    d.add_argument("--hidden", type=int, default=0)
-    d.add_argument("--kv-heads", type=int, default=0)
-    d.add_argument("--head-dim", type=int, default=0)
+    for dim in SHAPE_DIMS:  # the KV cache's shape, when the model is not a named one
+        d.add_argument(f"--{dim}", type=int, default=0)
     d.add_argument("--draft-model", default=None, help="a named shape for the draft")
     d.add_argument("--draft-params", type=float, default=None, help="draft parameters read per draft step")
-    d.add_argument("--draft-layers", type=int, default=0)
-    d.add_argument("--draft-hidden", type=int, default=0)
-    d.add_argument("--draft-kv-heads", type=int, default=0)
-    d.add_argument("--draft-head-dim", type=int, default=0)
+    for dim in SHAPE_DIMS:
+        d.add_argument(f"--draft-{dim}", type=int, default=0)
     d.add_argument("--draft-cost", type=float, default=None, help="draft step as a fraction of the target step "
                    "(instead of a draft shape; 0 for prompt lookup)")
     d.add_argument("--method", choices=["draft_model", "ngram", "eagle", "eagle3"], default=None,

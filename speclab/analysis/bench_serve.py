@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..errors import SpeclabError
 from ..limits import parse_json_object
+from ..tables import num
 
 SATURATION_GAIN = 1.10  # doubling concurrency must raise plain tokens/s by 10% to count as not saturated
 
@@ -117,10 +118,6 @@ def _row(server: str, workload: str, c: int, level: dict) -> dict:
                 "mean_acceptance_length")}
 
 
-def _fmt(x, spec=".1f"):
-    return "-" if x is None else format(x, spec)
-
-
 def format_table(rows: list[dict], servers: list[str]) -> str:
     lines = []
     for wl in dict.fromkeys(r["workload"] for r in rows):
@@ -141,8 +138,8 @@ def format_table(rows: list[dict], servers: list[str]) -> str:
                     line += f" | {'':<22}{'-':>7}{'-':>7}{'-':>7}{'-':>8}"
                     continue
                 fail = f" {r['failed']} failed" if r["failed"] else ""
-                line += (f" | {(r['pacing'] + fail)[:22]:<22}{_fmt(r['tok_s']):>7}{_fmt(r['ttft_p50_ms']):>7}"
-                         f"{_fmt(r['tpot_mean_ms'], '.2f'):>7}{_fmt(r['e2e_p95_ms'], '.0f'):>8}")
+                line += (f" | {(r['pacing'] + fail)[:22]:<22}{num(r['tok_s']):>7}{num(r['ttft_p50_ms']):>7}"
+                         f"{num(r['tpot_mean_ms'], '.2f'):>7}{num(r['e2e_p95_ms'], '.0f'):>8}")
             lines.append(line)
     return "\n".join(lines)
 
@@ -248,8 +245,8 @@ def run_serve_bench(args) -> int:
         results.setdefault(server_name, {}).setdefault(wl, {})[c] = {k: v for k, v in level.items() if k != "requests"}
         row = _row(server_name, wl, c, level)
         rows.append(row)
-        log(f"  {server_name:<26} {wl:<10} c={c:<3} {_fmt(row['tok_s']):>7} tok/s  "
-            f"TPOT {_fmt(row['tpot_mean_ms'], '.2f')}"
+        log(f"  {server_name:<26} {wl:<10} c={c:<3} {num(row['tok_s']):>7} tok/s  "
+            f"TPOT {num(row['tpot_mean_ms'], '.2f')}"
             f" ms  {row['pacing']}{'  ' + str(row['failed']) + ' failed' if row['failed'] else ''}")
         return row
 

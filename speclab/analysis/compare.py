@@ -29,6 +29,7 @@ import torch
 
 from ..engine import SpeculativeDecoder, sync
 from ..limits import parse_numbers
+from ..tables import num
 from .costmodel import step_costs
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -359,8 +360,7 @@ def format_report(rep) -> str:
     L.append(f"{'method':<22}{'workload':<12}{'k':>3}{'tok/s':>9}{'vs hf':>7}{'accept':>8}{'tok/rnd':>8}"
              f"{'ident':>7}{'peak MB':>9}")
     for r in rep["rows"]:
-        acc = "" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
-        tpr = "" if r["tokens_per_round"] is None else f"{r['tokens_per_round']:.2f}"
+        acc, tpr = num(r["acceptance_rate"], ".2f", ""), num(r["tokens_per_round"], ".2f", "")
         L.append(f"{r['method']:<22}{r['workload']:<12}{r['k']:>3}{r['tokens_per_s']:>9.1f}"
                  f"{r['ratio_vs_hf_plain']:>7.2f}{acc:>8}{tpr:>8}{('yes' if r['identical'] else 'NO'):>7}"
                  f"{r['peak_mem_mb']:>9.1f}")

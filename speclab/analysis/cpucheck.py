@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from ..errors import SpeclabError
+from ..tables import num
 from .costmodel import MeasuredCosts, interleaved_times
 
 TOLERANCE = 0.20  # the target: predictions within 20% of the measured speedups
@@ -243,7 +244,7 @@ def format_check(rep: dict) -> str:
          f"{'roofline':>10}{'error':>8}  within {rep['tolerance']:.0%}"]
     for c in rep["cells"]:
         roof = "-" if c["roofline_speedup"] is None else f"{c['roofline_speedup']:.2f}x"
-        rerr = "-" if c["roofline_error"] is None else f"{c['roofline_error']:+.0%}"
+        rerr = num(c["roofline_error"], "+.0%")
         L.append(f"{c['workload']:<18}{c['batch']:>6}{c['mean_accepted_length'] or 0:>8.2f}"
                  f"{c['measured_speedup']:>9.2f}x{c['predicted_speedup']:>10.2f}x{c['error']:>+8.0%}"
                  f"{roof:>10}{rerr:>8}  {'yes' if c['within_tolerance'] else 'NO'}")

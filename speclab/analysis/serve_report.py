@@ -6,13 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..tables import num
 from .serve_judge import did_letter
 
 LETTER = {"bursty": "B", "smooth": "S", "late": "L", "unknown": "?"}
-
-
-def _f(x, spec=".1f") -> str:
-    return "-" if x is None else format(x, spec)
 
 
 def servers_of(result: dict, engine: str, split: bool | None = False) -> list[str]:
@@ -51,8 +48,8 @@ def workload_table(result: dict, engine: str, workload: str, split: bool = False
                 continue
             mark = "!" if (n, workload, c) in bad else " "
             acc = (cell.get("inside") or {}).get("accepted_per_round")
-            txt = (f"{_f(cell['tok_s']):>6} {_f(cell['tpot_p95_ms']):>6} {LETTER.get(cell['call'], '?')}{mark}"
-                   f"{_f(acc, '.2f') if cell['role'] != 'plain' else '':>5}")
+            txt = (f"{num(cell['tok_s']):>6} {num(cell['tpot_p95_ms']):>6} {LETTER.get(cell['call'], '?')}{mark}"
+                   f"{num(acc, '.2f') if cell['role'] != 'plain' else '':>5}")
             line += f"| {txt:<{w - 2}}"
         lines.append(line)
     return "\n".join(lines)
@@ -61,8 +58,8 @@ def workload_table(result: dict, engine: str, workload: str, split: bool = False
 def _fp_brief(cell: dict) -> str:
     fp = cell["fingerprint"]
     share = fp.get("near_zero_share")
-    return (f"c={cell['concurrency']}: {_f(share * 100 if share is not None else None, '.0f')}% gaps near zero, "
-            f"{_f(fp.get('mean_tokens_per_burst'), '.2f')} tok/burst, CV {_f(fp.get('cv_token_gaps'), '.2f')}"
+    return (f"c={cell['concurrency']}: {num(share * 100 if share is not None else None, '.0f')}% gaps near zero, "
+            f"{num(fp.get('mean_tokens_per_burst'), '.2f')} tok/burst, CV {num(fp.get('cv_token_gaps'), '.2f')}"
             f" -> {cell['call']}")
 
 
@@ -112,8 +109,8 @@ def check_lines(result: dict) -> list[str]:
                              f"{r['expected']}")
             elif name == "throughput":
                 lines.append(f"      {r['server']} {r['workload']} c={r['concurrency']}: {r['tok_s']:.1f} tok/s = "
-                             f"{r['ratio_to_best']:.2f}x the better of plain {_f(r['plain_tok_s'])} and fixed "
-                             f"{_f(r['fixed_tok_s'])}")
+                             f"{r['ratio_to_best']:.2f}x the better of plain {num(r['plain_tok_s'])} and fixed "
+                             f"{num(r['fixed_tok_s'])}")
             elif name == "acceptance":
                 lines.append(f"      {r['server']} {r.get('workload', '')} {r.get('concurrency', '')}: {r}")
         if len(bad) > 12:
@@ -126,8 +123,8 @@ def check_lines(result: dict) -> list[str]:
                      f"median {sorted(ratios)[len(ratios) // 2]:.2f} over {len(ratios)} cells")
     for r in checks["acceptance"]:
         if "engine_log_accepted" in r:
-            lines.append(f"  {r['server']}: /metrics since start accepted {_f(r['scraped_accepted'], '.0f')} of "
-                         f"{_f(r['scraped_drafted'], '.0f')} drafted; engine log ({r['log_lines']} lines) "
+            lines.append(f"  {r['server']}: /metrics since start accepted {num(r['scraped_accepted'], '.0f')} of "
+                         f"{num(r['scraped_drafted'], '.0f')} drafted; engine log ({r['log_lines']} lines) "
                          f"{r['engine_log_accepted']} of {r['engine_log_drafted']} -> "
                          f"{'equal' if r['ok'] else 'DIFFER'}")
     return lines

@@ -73,10 +73,6 @@ def _error_md(msg: str) -> str:
     return f'<div class="speclab-error">⚠ {html.escape(msg)}</div>'
 
 
-def _fmt(x, spec: str) -> str:
-    return "–" if x is None else format(x, spec)
-
-
 def _clip(prompt: str, n: int = 400) -> str:
     return prompt if len(prompt) <= n else "…" + prompt[-n:]
 

@@ -1,4 +1,9 @@
-"""``speclab load URL``: measure any OpenAI-compatible streaming server from outside."""
+"""``speclab load URL``: measure any OpenAI-compatible streaming server from outside.
+
+Send streaming requests at fixed concurrency levels or Poisson rates; report TTFT, TPOT, ITL (per chunk, as
+vLLM, and per token), E2E, throughput and goodput per level; tell from the token pacing whether the server
+decodes plainly, speculatively or adaptively; and read the server's own acceptance counters from /metrics.
+"""
 
 from __future__ import annotations
 
@@ -63,10 +68,8 @@ def add_commands(subparsers) -> None:
     """Register ``load`` on an argparse subparsers object."""
     p = subparsers.add_parser(
         "load", help="load-test any OpenAI-compatible streaming server and fingerprint its pacing",
-        description="Send streaming requests at fixed concurrency levels or Poisson rates; report TTFT, TPOT, "
-                    "ITL (per chunk, as vLLM, and per token), E2E, throughput and goodput per level; tell from the "
-                    "token pacing whether the server decodes plainly, speculatively or adaptively; and read the "
-                    "server's own acceptance counters from /metrics.")
+        description=__doc__.split("\n\n")[1])
+
     p.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
     p.add_argument("--model", default=None, help="model name to request (default: the first of GET /v1/models)")
     p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")

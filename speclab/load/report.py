@@ -3,13 +3,11 @@ server's acceptance beside the outside estimate."""
 
 from __future__ import annotations
 
-
-def _f(x, spec=".1f") -> str:
-    return "-" if x is None else format(x, spec)
+from ..tables import num
 
 
 def _d(dist: dict | None, key: str, spec=".1f") -> str:
-    return "-" if not dist else _f(dist.get(key), spec)
+    return "-" if not dist else num(dist.get(key), spec)
 
 
 def level_rows(result: dict) -> list[dict]:
@@ -40,11 +38,11 @@ def format_result(result: dict) -> str:
     lines = [f"{result['url']}  model {result['model']}  /v1/{path}  max_tokens {result['max_tokens']}"
              f"  T={result['temperature']:g}   (times in ms; ITL = gap between chunks, as vLLM)", head]
     for r in level_rows(result):
-        lines.append(f"{r['load']:<18}{r['completed']:>5}{r['failed']:>5}{_f(r['req_s'], '.2f'):>8}"
-                     f"{_f(r['tok_s']):>8}{_f(r['ttft_p50_ms']):>10}{_f(r['ttft_p95_ms']):>8}"
-                     f"{_f(r['tpot_mean_ms'], '.2f'):>11}{_f(r['tpot_p95_ms'], '.2f'):>8}"
-                     f"{_f(r['itl_mean_ms'], '.2f'):>10}{_f(r['e2e_p95_ms']):>10}"
-                     f"{_f(r['tokens_per_burst'], '.2f'):>11}{r['call']:>8}")
+        lines.append(f"{r['load']:<18}{r['completed']:>5}{r['failed']:>5}{num(r['req_s'], '.2f'):>8}"
+                     f"{num(r['tok_s']):>8}{num(r['ttft_p50_ms']):>10}{num(r['ttft_p95_ms']):>8}"
+                     f"{num(r['tpot_mean_ms'], '.2f'):>11}{num(r['tpot_p95_ms'], '.2f'):>8}"
+                     f"{num(r['itl_mean_ms'], '.2f'):>10}{num(r['e2e_p95_ms']):>10}"
+                     f"{num(r['tokens_per_burst'], '.2f'):>11}{r['call']:>8}")
     for lv in result["levels"]:
         s = lv["summary"]
         if s["failed"]:
@@ -63,13 +61,13 @@ def format_result(result: dict) -> str:
         spec, cmp_ = server.get("spec_decode"), lv.get("acceptance_vs_outside")
         if spec and spec.get("drafts"):
             ppa = ", ".join(f"{x:.2f}" for x in spec["per_position_acceptance"] or [])
-            lines.append(f"{lv['level']['label']}: server acceptance rate {_f(spec['acceptance_rate'], '.3f')}, "
-                         f"mean acceptance length {_f(spec['mean_acceptance_length'], '.2f')} "
-                         f"(outside estimate {_f((cmp_ or {}).get('outside_estimate'), '.2f')}), per position [{ppa}]")
+            lines.append(f"{lv['level']['label']}: server acceptance rate {num(spec['acceptance_rate'], '.3f')}, "
+                         f"mean acceptance length {num(spec['mean_acceptance_length'], '.2f')} "
+                         f"(outside estimate {num((cmp_ or {}).get('outside_estimate'), '.2f')}), per position [{ppa}]")
         elif server.get("sglang"):
             sg = server["sglang"]
-            lines.append(f"{lv['level']['label']}: SGLang accept length {_f(sg.get('accept_length'), '.2f')}, "
-                         f"accept rate {_f(sg.get('accept_rate'), '.3f')} (gauges after the run)")
+            lines.append(f"{lv['level']['label']}: SGLang accept length {num(sg.get('accept_length'), '.2f')}, "
+                         f"accept rate {num(sg.get('accept_rate'), '.3f')} (gauges after the run)")
         agree = lv.get("latency_vs_server") or {}
         if agree:
             pairs = [f"{k.upper()} {a['client_ms']:.1f}/{a['server_ms']:.1f} ms ({a['ratio']:.2f}x)"

@@ -1,5 +1,10 @@
 """``speclab serve``: the command line of the OpenAI-compatible server (registered by ``add_commands``).
 
+Serve /v1/completions and /v1/chat/completions (streaming or not), /v1/models, /health and /metrics
+(Prometheus, vLLM's metric names) over the continuous-batching scheduler. Chat uses the model's chat template;
+the family has none and uses a plain one ('role: content' lines, then 'assistant:'). Completions default to
+max_tokens 16, chat to the rest of the context.
+
 Startup order: cheap checks and the listening socket first (a bad flag or a busy port fails in a second,
 as one line, exit 2), then the models, a short warm-up (the first forwards of a process are slow), then
 uvicorn. SIGTERM drains: new requests get 503 and new connections are refused, the requests in flight
@@ -23,10 +28,8 @@ SPEC_HELP = ("speculation, as vLLM's JSON: {\"method\": \"draft_model\"|\"ngram\
 def add_commands(sub) -> None:
     p = sub.add_parser(
         "serve", help="an OpenAI-compatible server with continuous batching and speculation metrics",
-        description="Serve /v1/completions and /v1/chat/completions (streaming or not), /v1/models, /health and "
-                    "/metrics (Prometheus, vLLM's metric names) over the continuous-batching scheduler. Chat uses the "
-                    "model's chat template; the family has none and uses a plain one ('role: content' lines, then "
-                    "'assistant:'). Completions default to max_tokens 16, chat to the rest of the context.")
+        description=__doc__.split("\n\n")[1])
+
     p.add_argument("--model", default=None, help="family name, local HF directory or hub id (default: the family's "
                    "target)")
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: --model)")
