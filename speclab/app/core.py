@@ -51,7 +51,7 @@ def self_drafts() -> tuple[str, ...]:
     try:
         from ..drafters.heads import list_heads
 
-        have = {h["kind"] for h in list_heads()} | {h["name"] for h in list_heads()}
+        have = {x for h in list_heads() for x in (h["kind"], h["name"])}
     except Exception:  # noqa: BLE001 - no heads: none offered
         have = set()
     return tuple(d for d in SELF_DRAFTS if d in have or d == "early-exit")

@@ -22,7 +22,6 @@ class ChainDraft:
     holds the rows' draws; ``stop`` (a policy's rule) may end a row's draft before token i."""
 
     def __init__(self, ks, params, uniform, want_probs: bool, stop: StopRule | None, device) -> None:
-        self.k = max(ks)
         self.params, self.uniform, self.want_probs, self.stop = params, uniform, want_probs, stop
         self.sampled = not params.all_greedy
         self.lengths = torch.tensor(ks, device=device)
