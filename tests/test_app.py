@@ -150,6 +150,46 @@ def test_run_decode_streams_then_measures_baseline(tiny):
     assert ("baseline", 2) in views
 
 
+def test_stop_gate_ends_the_run_before_stop_returns():
+    """Stop waits for the run to end, so no update can land after the page says "stopped" (Gradio's own
+    cancel raced the round already on its way, and the status went back to "decoding")."""
+    import copy
+    import time
+
+    closed = threading.Event()
+
+    def updates():
+        try:
+            for i in range(1000):
+                time.sleep(0.03)  # a round
+                yield i
+        finally:
+            closed.set()
+
+    gate = core.StopGate()
+    seen, done = [], threading.Event()
+
+    def page():
+        for u in core.StopGate.guard(updates(), gate):
+            seen.append(u)
+            time.sleep(0.02)  # the update on its way to the page
+        done.set()
+
+    threading.Thread(target=page, daemon=True).start()
+    while len(seen) < 3:
+        time.sleep(0.005)
+    assert gate.stop(timeout=5)
+    assert closed.is_set()  # stop() returned only once the run had ended (closed, not left to run its rounds)
+    n = len(seen)
+    assert done.wait(1)
+    time.sleep(0.2)
+    assert len(seen) == n < 1000
+    # the next run on the same page starts unstopped; a page's copy is a fresh gate; no run: returns at once
+    assert list(core.StopGate.guard(iter(range(3)), gate)) == [0, 1, 2]
+    fresh = copy.deepcopy(gate)
+    assert fresh is not gate and fresh.stop(timeout=0)
+
+
 def test_command_line_defaults_are_local(monkeypatch):
     import subprocess
     import sys

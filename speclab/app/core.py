@@ -472,6 +472,59 @@ def validate_sweep(cfg: AppConfig, target, workloads, drafts, ks, batches, promp
     return s
 
 
+class StopGate:
+    """A page's Stop button and the run it stops.
+
+    Gradio's own cancel races the update a run has already sent on its way, which can land after the
+    page says "stopped" and overwrite it. So Stop also sets this gate: the run checks ``stopping``
+    before and after each update and ends, and ``stop()`` waits until it has (``end()``) before the
+    page is told. One gate per page and tab, kept in a ``gr.State``; a copy is a fresh gate (Gradio
+    deep-copies a State's initial value for each page)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def __deepcopy__(self, memo) -> "StopGate":
+        return StopGate()
+
+    def begin(self) -> None:
+        self._stop.clear()
+        self._idle.clear()
+
+    def end(self) -> None:
+        self._idle.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @staticmethod
+    def guard(updates: Iterator, gate: "StopGate | None"):
+        """Pass a run's page updates through, ending the run as soon as Stop has set ``gate`` (checked
+        before and after each update), and tell the gate when it has ended."""
+        gate = gate or StopGate()
+        gate.begin()
+        try:
+            for update in updates:
+                if gate.stopping:
+                    return
+                yield update
+                if gate.stopping:
+                    return
+        finally:
+            close = getattr(updates, "close", None)  # a generator: closed between its updates
+            if close is not None:
+                close()
+            gate.end()
+
+    def stop(self, timeout: float = 20.0) -> bool:
+        """Ask the running run to end; True once it has (or none was running), False after ``timeout``."""
+        self._stop.set()
+        return self._idle.wait(timeout)
+
+
 class Job:
     """Work on a worker thread that the UI polls (``progress``, ``desc``), can ``cancel()`` (honoured
     between steps) and reads ``error`` from when it is done."""

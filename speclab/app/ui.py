@@ -96,6 +96,13 @@ def rows_html(view: dict | None, which: str = ALL_ROWS) -> str:
     return "".join(parts)
 
 
+def _stop(gate: core.StopGate, said: str) -> str:
+    """Stop: end the tab's run, then say so (after its last update, never before)."""
+    if gate.stop():
+        return said
+    return said + " (still finishing its current step)"
+
+
 def _status(view: core.RunView) -> str:
     s = view.settings
     pol = f", policy {s.policy}" if s.policy != "fixed" else ""
@@ -229,15 +236,22 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 with gr.Accordion("raw result (JSON, as returned by the API)", open=False):
                     result = gr.JSON(label="result")
                 state = gr.State(None)
+                gate = gr.State(core.StopGate)  # Stop waits on it, so no late round overwrites "stopped"
 
                 decode_inputs = [prompt, target, draft, k, batch, fill, workload, temperature, top_p, max_new, seed,
-                                 pace, rows, top_k, policy, tree, nodes]
+                                 pace, rows, top_k, policy, tree, nodes, gate]
                 decode_outputs = [status, cards, tokens, result, state, rows, k_plot, tree_pick, tree_view]
 
                 @gpu(180)
                 def _decode(prompt_, target_, draft_, k_, batch_, fill_, workload_, temp_, top_p_, max_new_,
-                            seed_, pace_, rows_, top_k_=0, policy_="fixed", tree_="chain", nodes_=8,
+                            seed_, pace_, rows_, top_k_=0, policy_="fixed", tree_="chain", nodes_=8, gate_=None,
                             auto_run=False):
+                    updates = _decode_updates(prompt_, target_, draft_, k_, batch_, fill_, workload_, temp_, top_p_,
+                                              max_new_, seed_, pace_, rows_, top_k_, policy_, tree_, nodes_, auto_run)
+                    yield from core.StopGate.guard(updates, gate_)
+
+                def _decode_updates(prompt_, target_, draft_, k_, batch_, fill_, workload_, temp_, top_p_, max_new_,
+                                    seed_, pace_, rows_, top_k_, policy_, tree_, nodes_, auto_run):
                     try:
                         s = core.validate_decode(cfg, prompt_, target_, draft_, k_, batch_, temp_, top_p_,
                                                  max_new_, seed_, fill_, workload_, pace_, top_k_, policy_, tree_,
@@ -255,9 +269,9 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                     yield (f"▶ loading `{s.target}`" + (f" and `{s.draft}`" if s.speculative else "") + "…",
                            viz.metric_cards_html(None, None, "speculative"), gr.skip(), gr.skip(), gr.skip(),
                            row_update, gr.skip(), gr.skip(), gr.skip())
-                    view = None
+                    runs = core.run_decode(cfg, s)
                     try:
-                        for view in core.run_decode(cfg, s):
+                        for view in runs:
                             d = view.to_dict()
                             done = view.phase == "done"
                             chart, pick, drawn = gr.skip(), gr.skip(), gr.skip()
@@ -275,6 +289,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                         gr.Warning(msg)
                         yield (_error_md(msg), gr.skip(), gr.skip(), {"error": msg}, gr.skip(), gr.skip(),
                                gr.skip(), gr.skip(), gr.skip())
+                    finally:
+                        runs.close()  # between rounds: the decoder stops there
 
                 def _decode_auto(*args):
                     yield from _decode(*args, auto_run=True)
@@ -295,10 +311,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                                 _decode_auto_gated, decode_inputs + [auto], decode_outputs,
                                 api_visibility="private", trigger_mode="always_last", concurrency_id="decode",
                                 show_progress="minimal", show_progress_on=tokens)
-                def _stopped():
-                    return "⏹ stopped (the tokens so far stay on the page)"
-
-                stop_btn.click(_stopped, None, status, cancels=[run_ev, auto_ev], api_visibility="private")
+                stop_btn.click(lambda g: _stop(g, "⏹ stopped (the tokens so far stay on the page)"), gate, status,
+                               cancels=[run_ev, auto_ev], api_visibility="private")
 
                 def _pick_workload(w):
                     return gr.update(choices=_example_choices(examples, w), value=None)
@@ -359,9 +373,16 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 sweep_inputs = [sw_target, sw_wl, sw_drafts, sw_ks, sw_batches, sw_prompts, sw_max_new, sw_temp]
                 sweep_outputs = [sw_status, p_acc, p_k, p_batch, p_pos, sw_table, sw_cross, sw_csv]
 
+                sw_gate = gr.State(core.StopGate)
+
                 @gpu(600)
-                def _sweep(target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_,
+                def _sweep(target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_, gate_=None,
                            progress=gr.Progress()):
+                    updates = _sweep_updates(target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_,
+                                             progress)
+                    yield from core.StopGate.guard(updates, gate_)
+
+                def _sweep_updates(target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_, progress):
                     skip = tuple(gr.skip() for _ in sweep_outputs[1:])
                     try:
                         s = core.validate_sweep(cfg, target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_)
@@ -388,9 +409,10 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                         msg = _one_line(e)
                         yield (_error_md(msg),) + skip
 
-                sw_ev = sw_btn.click(_sweep, sweep_inputs, sweep_outputs, api_name="sweep", concurrency_limit=1,
-                                     concurrency_id="sweep")
-                sw_stop.click(lambda: "⏹ sweep stopped", None, sw_status, cancels=[sw_ev], api_visibility="private")
+                sw_ev = sw_btn.click(_sweep, sweep_inputs + [sw_gate], sweep_outputs, api_name="sweep",
+                                     concurrency_limit=1, concurrency_id="sweep")
+                sw_stop.click(lambda g: _stop(g, "⏹ sweep stopped"), sw_gate, sw_status, cancels=[sw_ev],
+                              api_visibility="private")
 
             # ============================================================ Timing
             with gr.Tab("Timing", id="timing"):
@@ -487,9 +509,17 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 ld_acc = gr.Dataframe(label="acceptance scraped from /metrics over each level", interactive=False)
                 load_outputs = [ld_status, ld_chart, ld_low, ld_high, ld_table, ld_acc]
 
+                ld_gate = gr.State(core.StopGate)
+
                 @gpu(600)
-                def _load(server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_, max_, split_,
+                def _load(server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_, max_, split_, gate_=None,
                           progress=gr.Progress()):
+                    updates = _load_updates(server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_, max_,
+                                            split_, progress)
+                    yield from core.StopGate.guard(updates, gate_)
+
+                def _load_updates(server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_, max_, split_,
+                                  progress):
                     skip = tuple(gr.skip() for _ in load_outputs[1:])
                     try:
                         s = core.validate_load(cfg, server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_,
@@ -517,9 +547,10 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                     yield _load_outputs(job.results, time.perf_counter() - t0)
 
                 ld_ev = ld_btn.click(_load, [ld_server, ld_url, ld_target, ld_draft, ld_policies, ld_k, ld_levels,
-                                             ld_wl, ld_reqs, ld_max, ld_split], load_outputs, api_name="load",
+                                             ld_wl, ld_reqs, ld_max, ld_split, ld_gate], load_outputs, api_name="load",
                                      concurrency_limit=1, concurrency_id="load")
-                ld_stop.click(lambda: "⏹ load stopped", None, ld_status, cancels=[ld_ev], api_visibility="private")
+                ld_stop.click(lambda g: _stop(g, "⏹ load stopped"), ld_gate, ld_status, cancels=[ld_ev],
+                              api_visibility="private")
 
             # ============================================================ Advisor
             with gr.Tab("Advisor", id="advisor"):
