@@ -712,6 +712,27 @@ def test_speculative_config_parsing():
                 '{"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}', '{"draft": "x"}'):
         with pytest.raises(SpeclabError):
             parse_speculative_config(bad)
+    # vLLM's JSON back, parsed to the same config (what speclab bench --serve hands to both servers)
+    for text in ('{"model": "draft-s", "num_speculative_tokens": 3}', '{"method": "ngram", "prompt_lookup_max": 3}',
+                 '{"method": "synthetic", "model": "0.8", "num_speculative_tokens": 2}'):
+        s = parse_speculative_config(text)
+        assert parse_speculative_config(json.dumps(s.to_json())) == s
+    assert parse_speculative_config("none").to_json() is None
+
+
+def test_bench_serve_checks_its_speculative_config_with_the_servers_parser():
+    import argparse
+
+    from speclab.analysis.bench_serve import speculative_config_for
+
+    args = argparse.Namespace(speculative_config=None, draft="draft-s", k=3)
+    assert speculative_config_for(args) == {"method": "draft_model", "model": "draft-s", "num_speculative_tokens": 3}
+    args.draft = "ngram"
+    assert speculative_config_for(args) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5,
+                                  "prompt_lookup_min": 5}
+    for bad in ('{"method": "eagle"}', "none", '{"num_speculative_tokens": 0}'):
+        with pytest.raises(SpeclabError):
+            speculative_config_for(argparse.Namespace(speculative_config=bad, draft=None, k=4))
 
 
 @pytest.mark.slow

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 from ..errors import SpeclabError
-from ..limits import parse_json_object
 from ..tables import num
 
 SATURATION_GAIN = 1.10  # doubling concurrency must raise plain tokens/s by 10% to count as not saturated
@@ -144,15 +143,22 @@ def format_table(rows: list[dict], servers: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _spec_config(args) -> dict:
-    if args.speculative_config:
-        return parse_json_object(args.speculative_config, "--speculative-config")
+def speculative_config_for(args) -> dict:
+    """The speculative server's config (vLLM's JSON, checked by the server's own parser): the flag's, or the
+    default draft at ``--k``."""
     from ..defaults import default_draft
+    from ..serve.config import parse_speculative_config
 
-    draft = args.draft or default_draft()
-    if draft == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": args.k}
-    return {"method": "draft_model", "model": draft, "num_speculative_tokens": args.k}
+    text = args.speculative_config
+    if not text:
+        draft = args.draft or default_draft()
+        text = json.dumps({"method": "ngram", "num_speculative_tokens": args.k} if draft == "ngram" else
+                          {"method": "draft_model", "model": draft, "num_speculative_tokens": args.k})
+    spec = parse_speculative_config(text).to_json()
+    if spec is None:
+        raise SpeclabError("speclab bench --serve compares plain and speculative decoding: give a speculative "
+                           "config with num_speculative_tokens >= 1")
+    return spec
 
 
 def _vllm_spec(spec: dict) -> tuple[dict | None, str | None]:
@@ -206,7 +212,7 @@ def run_serve_bench(args) -> int:
     max_c = args.max_concurrency or (64 if full else 16)
     fixed = levels_to_run(args.concurrency, max_c)
     max_tokens = args.max_new_tokens if args.max_new_tokens != 64 or full else 32
-    spec = _spec_config(args)
+    spec = speculative_config_for(args)
     quiet = args.quiet
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
 

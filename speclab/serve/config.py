@@ -42,6 +42,18 @@ class SpecConfig:
     def enabled(self) -> bool:
         return self.method is not None and self.k > 0
 
+    def to_json(self) -> dict | None:
+        """vLLM's ``--speculative-config`` object for this config (None: plain decoding); parsing it gives
+        this config back."""
+        if not self.enabled:
+            return None
+        d = {"method": self.method, "num_speculative_tokens": self.k}
+        if self.method == "ngram":
+            d.update(prompt_lookup_max=self.lookup_max, prompt_lookup_min=self.lookup_min)
+        else:
+            d["model"] = self.model
+        return d
+
     def describe(self) -> str:
         if not self.enabled:
             return "none (plain decoding)"
