@@ -96,6 +96,13 @@ def rows_html(view: dict | None, which: str = ALL_ROWS) -> str:
     return "".join(parts)
 
 
+def _run_and_stop(run_btn, stop_btn, fn, inputs: list, outputs: list, gate, name: str) -> None:
+    """A tab's Run (one run at a time, as API ``name``) and Stop (ends it; the status, ``outputs[0]``, says so
+    after the run's last update)."""
+    ev = run_btn.click(fn, inputs + [gate], outputs, api_name=name, concurrency_limit=1, concurrency_id=name)
+    stop_btn.click(lambda g: _stop(g, f"⏹ {name} stopped"), gate, outputs[0], cancels=[ev], api_visibility="private")
+
+
 def _stop(gate: core.StopGate, said: str) -> str:
     """Stop: end the tab's run, then say so (after its last update, never before)."""
     if gate.stop():
@@ -409,10 +416,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                         msg = _one_line(e)
                         yield (_error_md(msg),) + skip
 
-                sw_ev = sw_btn.click(_sweep, sweep_inputs + [sw_gate], sweep_outputs, api_name="sweep",
-                                     concurrency_limit=1, concurrency_id="sweep")
-                sw_stop.click(lambda g: _stop(g, "⏹ sweep stopped"), sw_gate, sw_status, cancels=[sw_ev],
-                              api_visibility="private")
+                _run_and_stop(sw_btn, sw_stop, _sweep, sweep_inputs, sweep_outputs, sw_gate, "sweep")
 
             # ============================================================ Timing
             with gr.Tab("Timing", id="timing"):
@@ -546,11 +550,9 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                         return
                     yield _load_outputs(job.results, time.perf_counter() - t0)
 
-                ld_ev = ld_btn.click(_load, [ld_server, ld_url, ld_target, ld_draft, ld_policies, ld_k, ld_levels,
-                                             ld_wl, ld_reqs, ld_max, ld_split, ld_gate], load_outputs, api_name="load",
-                                     concurrency_limit=1, concurrency_id="load")
-                ld_stop.click(lambda g: _stop(g, "⏹ load stopped"), ld_gate, ld_status, cancels=[ld_ev],
-                              api_visibility="private")
+                _run_and_stop(ld_btn, ld_stop, _load, [ld_server, ld_url, ld_target, ld_draft, ld_policies, ld_k,
+                                                       ld_levels, ld_wl, ld_reqs, ld_max, ld_split], load_outputs,
+                              ld_gate, "load")
 
             # ============================================================ Advisor
             with gr.Tab("Advisor", id="advisor"):
