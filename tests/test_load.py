@@ -735,8 +735,10 @@ def test_verdicts_on_speclab_serve(speclab_servers, tmp_path):
     lv = split["levels"][0]
     assert lv["fingerprint"]["mean_tokens_per_chunk"] == 1.0  # the gaps alone carried the evidence
     assert lv["fingerprint"]["estimate_from"] == "tokens per burst"
+    # bursts are all a split stream offers, and the client's own stalls cut some short: measured 1-10% under
+    # the server's figure (docs/load.md), so a wider band than for chunks that carry a round each
     assert lv["acceptance_vs_outside"]["outside_estimate"] == pytest.approx(
-        lv["acceptance_vs_outside"]["server_mean_acceptance_length"], rel=0.1)
+        lv["acceptance_vs_outside"]["server_mean_acceptance_length"], rel=0.15)
     # the same greedy text from every server
     texts = {name: {r["prompt_id"]: r["text"] for r in res["levels"][0]["requests"]}
              for name, res in (("plain", plain), ("fixed", fixed), ("split", split))}
