@@ -286,6 +286,22 @@ def test_online_costs_predict_clip_and_scale():
     assert c.target_time(4, 1) == pytest.approx(2.2e-3)
 
 
+def test_calibrated_shapes_are_rescaled_by_their_own_load_level():
+    """The online / calibrated ratio learnt at 64 rows does not rescale one row's untried shapes when one row
+    has a ratio of its own; a level never measured takes the nearest level's."""
+    c = OnlineCosts()
+    c.set_calibrated({(n, t): 1e-3 * n * t for n in (1, 2, 16, 64) for t in (1, 2, 5)})
+    for _ in range(10):
+        c.record_target(64, 1, 2 * 64e-3)  # in the loop, 64 rows run at 2x their calibration
+        c.record_target(1, 2, 1.25 * 2e-3)  # one row: 1.25x
+    assert c.target_time(64, 5) == pytest.approx(2 * 320e-3)
+    assert c.target_time(1, 5) == pytest.approx(1.25 * 5e-3)  # not 2x: its own level's ratio
+    assert c.target_time(2, 5) == pytest.approx(1.25 * 10e-3)  # level 2 unmeasured: the nearest, level 1
+    assert c.target_time(16, 5) == pytest.approx(2 * 80e-3)  # level 16: the nearest is 64
+    snap = c.snapshot()["scale_by_level"]["target"]
+    assert snap["1"] == pytest.approx(1.25) and snap["64"] == pytest.approx(2.0)
+
+
 def test_calibration_rows():
     from speclab.engine.costs import calibration_rows
 

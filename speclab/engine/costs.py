@@ -24,7 +24,11 @@ proportionally when growing, flat when shrinking). So a cost table learnt at 37 
 step per row count) in a timing loop before any timed work. Calibrated values are a prior: a shape
 measured online replaces its calibrated value, and the ratio of online to calibrated predictions
 (forwards inside the decode loop run slower than in a timing loop) rescales the calibrated values of
-shapes not yet run, so that measured and calibrated shapes compare fairly. Calibrations are cached
+shapes not yet run, so that measured and calibrated shapes compare fairly. The ratio is kept per load
+level (row count rounded up to a power of two; the nearest level measured answers for one not yet
+measured): the per-round work a timing loop leaves out weighs most at one row, so a ratio learnt at 64
+rows would make one row's untried draft lengths look cheaper than they are, and one learnt at one row
+would make 64 rows' look dearer. Calibrations are cached
 per process and (target, draft, grid), so a benchmark pays for one once, outside its timed region.
 """
 
@@ -82,14 +86,14 @@ def interpolate(xs: list, f, x: float, below_proportional: bool = False) -> floa
 
 class _Grid:
     """Values at (n, T) points: measured online (``val``) and calibrated (``cal``, multiplied by
-    ``scale[0]`` when read), with an index by T of the row counts known, for interpolation."""
+    ``scale_of(n)`` when read), with an index by T of the row counts known, for interpolation."""
 
-    def __init__(self, scale: list[float], below_proportional: bool = False):
+    def __init__(self, scale_of=lambda n: 1.0, below_proportional: bool = False):
         self.below_proportional = below_proportional
         self.val: dict[tuple[int, int], float] = {}
         self.cal: dict[tuple[int, int], float] = {}
         self.by_T: dict[int, list[int]] = {}
-        self.scale = scale
+        self.scale_of = scale_of
 
     def _index(self, n: int, T: int) -> None:
         if (n, T) not in self.val and (n, T) not in self.cal:
@@ -105,7 +109,7 @@ class _Grid:
 
     def get(self, n: int, T: int) -> float:
         v = self.val.get((n, T))
-        return v if v is not None else self.cal[(n, T)] * self.scale[0]
+        return v if v is not None else self.cal[(n, T)] * self.scale_of(n)
 
     def predict(self, n: int, T: int) -> float | None:
         """Along n within each known T, then along T."""
@@ -125,30 +129,48 @@ class _Grid:
 class OnlineCosts:
     def __init__(self, window: int = 9):
         self.window = window
-        self._scale = {"target": [1.0], "draft": [1.0]}  # online / calibrated, for shapes only calibrated
-        self._target = _Grid(self._scale["target"])  # (n, T) -> s
-        self._draft = _Grid(self._scale["draft"], below_proportional=True)  # (n, steps) -> s for the whole draft phase
-        self._over = _Grid([1.0])  # (n, 1) -> s of per-round work outside the forwards
+        # online / calibrated, for shapes only calibrated: table -> load level -> median of the recent ratios
+        self._scales: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
+        self._target = _Grid(self._scale_of("target"))  # (n, T) -> s
+        self._draft = _Grid(self._scale_of("draft"), below_proportional=True)  # (n, steps) -> s for a draft phase
+        self._over = _Grid()  # (n, 1) -> s of per-round work outside the forwards
         self._recent: dict[tuple, deque] = {}  # (table, n, T) -> the last `window` samples
-        self._ratios: dict[str, deque] = {}  # table -> recent online / calibrated ratios
+        self._ratios: dict[tuple[str, int], deque] = {}  # (table, load level) -> recent online / calibrated ratios
         self.version = 0  # bumped by every record: policies may cache predictions per version
         self.calibration_s = 0.0  # time spent calibrating (outside any timed region)
         self.frozen = False  # True: records are ignored (a fixed, hand-built table: tests and what-if runs)
         self.lock = threading.Lock()
 
+    def _scale_of(self, name: str):
+        levels = self._scales[name]
+
+        def scale(n: int) -> float:
+            """The online / calibrated ratio at n's load level, or at the nearest level measured (1: none)."""
+            if not levels:
+                return 1.0
+            b = row_bucket(n)
+            if b in levels:
+                return levels[b]
+            near = min(levels, key=lambda m: (abs(m.bit_length() - b.bit_length()), m))
+            return levels[near]
+
+        return scale
+
     @property
     def scale(self) -> dict[str, float]:
-        return {k: v[0] for k, v in self._scale.items()}
+        """Per table, the median online / calibrated ratio over its load levels (1: none measured)."""
+        return {k: statistics.median(v.values()) if v else 1.0 for k, v in self._scales.items()}
 
     # ------------------------------------------------------------------ recording
     def _record(self, name: str, grid: _Grid, n: int, T: int, seconds: float) -> None:
         if self.frozen:
             return
         cal = grid.cal.get((n, T))
-        if cal:  # online vs calibrated at the same shape: rescale the shapes only calibrated (a median too)
-            ratios = self._ratios.setdefault(name, deque(maxlen=3 * self.window))
+        if cal:  # online vs calibrated at the same shape: rescale this load level's shapes only calibrated
+            level = row_bucket(n)
+            ratios = self._ratios.setdefault((name, level), deque(maxlen=3 * self.window))
             ratios.append(seconds / cal)
-            grid.scale[0] = statistics.median(ratios)
+            self._scales[name][level] = statistics.median(ratios)
         key = (name, n, T)
         recent = self._recent.get(key)
         if recent is None:
@@ -156,7 +178,7 @@ class OnlineCosts:
         recent.append(seconds)
         # a calibrated shape counts as two samples (at the online/calibrated scale): the first one or two
         # online samples, maybe taken in a burst of load, cannot alone become the estimate
-        prior = [cal * grid.scale[0]] * 2 if cal else []
+        prior = [cal * grid.scale_of(n)] * 2 if cal else []
         grid.set(n, T, statistics.median([*recent, *prior]))
         self.version += 1
 
@@ -220,7 +242,9 @@ class OnlineCosts:
                     "overhead": {str(n): s for (n, _), s in sorted(self._over.val.items())},
                     "calibrated_target": {f"{n}x{t}": s for (n, t), s in sorted(self._target.cal.items())},
                     "calibrated_draft": {f"{n}x{t}": s for (n, t), s in sorted(self._draft.cal.items())},
-                    "scale": self.scale, "calibration_s": self.calibration_s}
+                    "scale": self.scale,
+                    "scale_by_level": {k: {str(n): r for n, r in sorted(v.items())} for k, v in self._scales.items()},
+                    "calibration_s": self.calibration_s}
 
     # ------------------------------------------------------------------ calibration
     def set_calibrated(self, target: dict[tuple[int, int], float], draft_step: dict[int, float] | None = None,
