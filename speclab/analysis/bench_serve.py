@@ -162,21 +162,18 @@ def speculative_config_for(args) -> dict:
 
 
 def _vllm_spec(spec: dict) -> tuple[dict | None, str | None]:
-    """speclab's speculative config in vLLM's terms (draft models as directories), or (None, why not)."""
+    """speclab's speculative config (as :func:`speculative_config_for` gives it: every key present) in vLLM's
+    terms, draft models as directories; or (None, why not)."""
     from ..family import resolve
 
-    method = spec.get("method")
-    k = spec.get("num_speculative_tokens", 4)
-    if method == "draft_model":
-        path = resolve(spec.get("model", "")) or spec.get("model")
-        if not path or not Path(path).is_dir():
-            return None, f"draft {spec.get('model')!r} is not a local directory vLLM can load"
-        return {"method": "draft_model", "model": str(path), "num_speculative_tokens": k}, None
-    if method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k,
-                "prompt_lookup_max": spec.get("prompt_lookup_max", 5),
-                "prompt_lookup_min": spec.get("prompt_lookup_min", 5)}, None
-    return None, f"vLLM has no equivalent of method {method!r}"
+    if spec["method"] == "ngram":
+        return dict(spec), None
+    if spec["method"] == "draft_model":
+        path = resolve(spec["model"]) or spec["model"]
+        if not Path(path).is_dir():
+            return None, f"draft {spec['model']!r} is not a local directory vLLM can load"
+        return {**spec, "model": str(path)}, None
+    return None, f"vLLM has no equivalent of method {spec['method']!r}"
 
 
 def _solo_outputs(target_name: str, prompts: dict, max_tokens: int, threads: int | None) -> tuple[dict, dict]:
