@@ -1,7 +1,9 @@
 """The acceptance step fused into one Triton kernel: one program per row computes the
 target/draft ratios at the drafted tokens, compares them with the uniform draws, finds the first
 rejection, builds the residual max(target - draft, 0) (or takes the target's bonus distribution)
-and samples from it by inverse CDF with the row's last uniform draw.
+and samples from it by inverse CDF with the row's last uniform draw. The CDF is taken on fixed-point
+integers (``speclab.engine.sampling.fixed_point_weights``), whose sums are exact in any order, so the
+kernel's blocked scan and the reference's sequential one draw the same token.
 
 Reference: :func:`speclab.engine.acceptance.rejection_sample` (same inputs, same outputs). The kernel
 reads each row's probabilities once per vocabulary block and writes two integers; the reference
@@ -44,9 +46,10 @@ if HAVE_TRITON:
         return (b.to(tl.int64) * K + i) * V
 
     @triton.jit
-    def _block(t_row, d_row, v0, V, d_rej, mix, HAS_DRAFT_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
-        """One vocabulary block of mix * max(target - draft, 0) + (1 - mix) * target (mix is 0 or 1);
-        a deterministic draft is one-hot at d_rej."""
+    def _weights(t_row, d_row, v0, V, d_rej, use_res, HAS_DRAFT_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
+        """One vocabulary block of the distribution a token is drawn from, as fixed-point integer weights
+        (``speclab.engine.sampling.fixed_point_weights``: float32 x 2^40, truncated): the residual
+        max(target - draft, 0) when ``use_res``, else the target. A deterministic draft is one-hot at d_rej."""
         offs = v0 + tl.arange(0, BLOCK_V)
         m = offs < V
         t = tl.load(t_row + offs, mask=m, other=0.0)
@@ -54,13 +57,14 @@ if HAVE_TRITON:
             q = tl.load(d_row + offs, mask=m, other=0.0)
         else:
             q = tl.where(offs == d_rej, 1.0, 0.0)
-        return mix * tl.maximum(t - q, 0.0) + (1.0 - mix) * t
+        p = tl.where(use_res != 0, tl.maximum(t - q, 0.0), t)
+        return (p * 1099511627776.0).to(tl.int64)  # 2^40: exact in float32, as in the reference
 
     @triton.jit
     def _rejection_kernel(
         draft_tokens_ptr, draft_probs_ptr, target_probs_ptr, num_draft_ptr, u_accept_ptr, u_next_ptr,
         out_n_ptr, out_tok_ptr,
-        K, V, eps,
+        K, V, min_mass,
         HAS_DRAFT_PROBS: tl.constexpr, BLOCK_V: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)  # every offset below is int64 (see row_offset)
@@ -80,34 +84,34 @@ if HAVE_TRITON:
             keep = (u * pd < pt) & (i < nd)
             accepting = accepting * keep.to(tl.int32)
             n += accepting
-        rejected = n < nd
-        rej_f = rejected.to(tl.float32)  # 1.0 when the row rejected a draft
+        rejected = (n < nd).to(tl.int32)  # 1 when the row rejected a draft
         slot = tl.minimum(n, K - 1)
         slot = tl.maximum(slot, 0)
         d_rej = tl.maximum(tl.load(draft_tokens_ptr + b * K + slot), 0)
         t_row = target_probs_ptr + row_offset(b, n, K + 1, V)
         d_row = draft_probs_ptr + row_offset(b, slot, K, V)
-        # ---- pass 1: residual mass (the target's own mass when nothing was rejected)
-        mass = 0.0
+        # Integer sums are exact in any order: the blocked sums and scans below give the reference's
+        # sequential values bit for bit, so the kernel draws the reference's token.
+        # ---- pass 1: the residual's mass (when nothing was rejected, it is not used)
+        mass = b * 0  # int64 zero
         for v0 in range(0, V, BLOCK_V):
-            mass += tl.sum(_block(t_row, d_row, v0, V, d_rej, rej_f, HAS_DRAFT_PROBS, BLOCK_V), axis=0)
-        use_residual = rejected & (mass > eps)
-        res_f = use_residual.to(tl.float32)  # residual when rejected and it has mass, else the target
+            mass += tl.sum(_weights(t_row, d_row, v0, V, d_rej, rejected, HAS_DRAFT_PROBS, BLOCK_V), axis=0)
+        use_res = rejected * (mass > min_mass).to(tl.int32)  # residual when rejected and it has mass
         # ---- pass 2: total of the chosen distribution; pass 3: inverse CDF
-        total = 0.0
+        total = b * 0
         for v0 in range(0, V, BLOCK_V):
-            total += tl.sum(_block(t_row, d_row, v0, V, d_rej, res_f, HAS_DRAFT_PROBS, BLOCK_V), axis=0)
-        goal = tl.load(u_next_ptr + b) * total
-        prefix = 0.0
+            total += tl.sum(_weights(t_row, d_row, v0, V, d_rej, use_res, HAS_DRAFT_PROBS, BLOCK_V), axis=0)
+        goal = (tl.load(u_next_ptr + b).to(tl.float64) * total.to(tl.float64)).to(tl.int64)
+        prefix = b * 0
         found = V - 1
         for v0 in range(0, V, BLOCK_V):
             offs = v0 + tl.arange(0, BLOCK_V)
-            p = _block(t_row, d_row, v0, V, d_rej, res_f, HAS_DRAFT_PROBS, BLOCK_V)
-            c = prefix + tl.cumsum(p, axis=0)
+            w = _weights(t_row, d_row, v0, V, d_rej, use_res, HAS_DRAFT_PROBS, BLOCK_V)
+            c = prefix + tl.cumsum(w, axis=0)
             hit = (c > goal) & (offs < V)
             first = tl.min(tl.where(hit, offs, V), axis=0)
             found = tl.minimum(found, first)
-            prefix += tl.sum(p, axis=0)
+            prefix += tl.sum(w, axis=0)
         tl.store(out_n_ptr + b, n)
         tl.store(out_tok_ptr + b, found)
 
@@ -115,7 +119,7 @@ if HAVE_TRITON:
 def fused_rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next,
                            block_v: int | None = None):
     """Same contract as :func:`speclab.engine.acceptance.rejection_sample`; falls back to it without Triton."""
-    from speclab.engine.acceptance import RESIDUAL_EPS, AcceptResult, rejection_sample
+    from speclab.engine.acceptance import RESIDUAL_EPS_FIXED, AcceptResult, rejection_sample
 
     if not triton_available(target_probs.device):
         return rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next)
@@ -130,6 +134,6 @@ def fused_rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, u
     dt = draft_tokens.contiguous() if K > 0 else torch.zeros(B, 1, dtype=torch.long, device=tp.device)
     ua = uniform_accept.float().contiguous() if K > 0 else torch.zeros(B, 1, device=tp.device)
     _rejection_kernel[(B,)](dt, dp, tp, num_draft.contiguous(), ua, uniform_next.float().contiguous(),
-                            out_n, out_tok, K, V, RESIDUAL_EPS,
+                            out_n, out_tok, K, V, RESIDUAL_EPS_FIXED,
                             HAS_DRAFT_PROBS=draft_probs is not None and K > 0, BLOCK_V=block_v)
     return AcceptResult(out_n, out_tok, out_n == num_draft)

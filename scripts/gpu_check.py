@@ -739,27 +739,16 @@ def exactness(part: Part, sz: Sizes, tmp: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- train
-def _stretch(schedule: tuple, f: float) -> tuple:
-    """A mixing schedule ((from_step, fraction), ...) for f x the steps."""
-    return tuple((int(a * f), x) for a, x in schedule)
-
-
 def train_specs(sz: Sizes):
-    """The stronger family: the shipped specs with ``train_scale`` x the tokens (mixing schedules, given
-    in steps, stretched alike); in the dry run, tiny models for two steps each."""
+    """The stronger family: the shipped specs (run with ``train_scale`` x the batch and tokens, same steps);
+    in the dry run, tiny models for two steps each."""
     from speclab.family.train import DEFAULT_SPECS
 
-    out = []
-    for s in DEFAULT_SPECS:
-        if sz.train_tiny:
-            out.append(replace(s, hidden=32, layers=1, heads=2, ffn=64, seq=64, batch=4, tokens=2 * 4 * 64,
-                               warmup=1, copy_schedule=((1, 0.25),) if s.copy_schedule else (),
-                               code_schedule=((1, 0.25),) if s.code_schedule else ()))
-            continue
-        f = sz.train_scale if s.role != "mismatched" else 1.0
-        out.append(replace(s, tokens=int(s.tokens * f), copy_schedule=_stretch(s.copy_schedule, f),
-                           code_schedule=_stretch(s.code_schedule, f)))
-    return out
+    if not sz.train_tiny:
+        return list(DEFAULT_SPECS)
+    return [replace(s, hidden=32, layers=1, heads=2, ffn=64, seq=64, batch=4, tokens=2 * 4 * 64, warmup=1,
+                    copy_schedule=((1, 0.25),) if s.copy_schedule else (),
+                    code_schedule=((1, 0.25),) if s.code_schedule else ()) for s in DEFAULT_SPECS]
 
 
 def pack(src: Path, out_dir: Path, stem: str, max_parts: int = 4) -> list[str]:
@@ -788,21 +777,28 @@ def sec_train(part: Part, args, sz: Sizes) -> None:
 
     specs = train_specs(sz)
     work = Path(tempfile.mkdtemp(prefix="gpu_check_train_"))
+    scale = 1 if sz.train_tiny else int(sz.train_scale)
     kw = dict(seed=0, out_dir=work / "family", runs_dir=work / "runs", specs=specs, quality=False,
-              acceptance=False, progress=False, threads=os.cpu_count() or 1, device=sz.device)
+              acceptance=False, progress=False, threads=os.cpu_count() or 1, device=sz.device, batch_scale=scale)
     if sz.train_tiny:
         kw.update(threads=1, vocab_size=512, alt_vocab_size=256, eval_tokens=2000, copy_chars=50_000,
                   corpus_kwargs=dict(code_chars=150_000, prose_chars=60_000, record_chars=100_000))
     cfg = tr.TrainConfig(**kw)
-    part.summary(specs=[dict(name=s.name, tokens=s.tokens, hidden=s.hidden, layers=s.layers) for s in specs],
-                 scale=None if sz.train_tiny else sz.train_scale, device=sz.device)
+    part.summary(specs=[dict(name=s.name, tokens=s.tokens, batch=s.batch, hidden=s.hidden, layers=s.layers)
+                        for s in tr.scale_batches(specs, scale)],
+                 batch_scale=scale, device=sz.device,
+                 command=f"speclab train --device {sz.device} --batch-scale {scale} --seed 0")
     t0 = time.perf_counter()
     try:
-        report = tr.train_family(cfg, log=part.log)
-        for m in report["models"]:
+        def saved(m: dict) -> None:  # each model as it is saved: its row, and the weights so far packed
             part.row(model=m["name"], role=m["role"], parameters=m["parameters"], tokens_seen=m["tokens_seen"],
                      heldout_loss=m["heldout_loss"], train_s=m.get("train_seconds"))
-        parts = pack(work / "family", Path(args.out), "train_family")
+            for old in Path(args.out).glob("train_family.tar.gz.part*"):
+                old.unlink()
+            part.summary(weights=pack(work / "family", Path(args.out), "train_family"))
+
+        tr.train_family(cfg, log=part.log, after_each=saved)
+        parts = part.data["summary"]["weights"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     part.summary(train_s=round(time.perf_counter() - t0, 1), weights=parts)

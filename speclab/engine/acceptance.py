@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import sample_from_probs
+from .sampling import FIXED_POINT_SCALE, fixed_point_weights, sample_from_probs, sample_from_weights
 
 RESIDUAL_EPS = 1e-9
+# the same threshold on a residual's fixed-point mass (its integer sum: exact, as the fused kernel takes it)
+RESIDUAL_EPS_FIXED = int(RESIDUAL_EPS * FIXED_POINT_SCALE)
 
 
 @dataclass
@@ -92,15 +94,15 @@ def rejection_sample(
             d_next.scatter_(1, safe_tokens[rows, slot][:, None], 1.0)  # one-hot of the rejected draft
         else:
             d_next = draft_probs[rows, slot]  # (B, V)
-        residual = (t_next - d_next).clamp_(min=0.0)  # (B, V)
-        mass = residual.sum(-1, keepdim=True)  # (B, 1)
+        residual = fixed_point_weights((t_next - d_next).clamp_(min=0.0))  # (B, V) int64
+        mass = residual.sum(-1, keepdim=True)  # (B, 1), exact
         # mass ~ 0 only when target == draft up to rounding, where a rejection has probability ~0;
         # fall back to the target's own distribution rather than divide by zero
-        use_residual = rejected[:, None] & (mass > RESIDUAL_EPS)
-        dist = torch.where(use_residual, residual, t_next)
+        use_residual = rejected[:, None] & (mass > RESIDUAL_EPS_FIXED)
+        weights = torch.where(use_residual, residual, fixed_point_weights(t_next))
     else:
-        dist = t_next
-    next_token = sample_from_probs(dist, uniform_next)  # (B,)
+        weights = fixed_point_weights(t_next)
+    next_token = sample_from_weights(weights, uniform_next)  # (B,)
     return AcceptResult(n, next_token, ~rejected)
 
 

@@ -99,11 +99,35 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams | RowParams) ->
     return _filter(logits / t, params.top_k, params.top_p).softmax(-1)
 
 
+FIXED_POINT_BITS = 40
+FIXED_POINT_SCALE = float(2**FIXED_POINT_BITS)
+
+
+def fixed_point_weights(probs: torch.Tensor) -> torch.Tensor:
+    """Probabilities (..., V) as int64 multiples of 2^-40 (float32, scaled by a power of two, truncated).
+
+    Integer sums do not depend on the order they are taken in, so every implementation of the draw (this
+    sequential scan, the fused kernel's blocked scan, a parallel prefix sum) picks the same token from the
+    same uniform. A float CDF does not: its rounding depends on the summation order, and draws that fall
+    between two orders' values pick neighbouring tokens. The truncation moves each token's mass by less than
+    2^-40, far below float32's own rounding of a CDF over a large vocabulary."""
+    return (probs.float() * FIXED_POINT_SCALE).long()
+
+
+def sample_from_weights(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling from integer weights (..., V) with uniform (...) in [0, 1) -> (...) int64.
+
+    The draw is the first token whose cumulative weight exceeds floor(u * total), the product taken in
+    float64 (exact inputs, one IEEE rounding: the same value on every device)."""
+    cdf = weights.cumsum(-1)  # (..., V) int64, exact
+    goal = (uniform.double() * cdf[..., -1].double()).long()  # (...) < total because u < 1
+    idx = torch.searchsorted(cdf.contiguous(), goal.unsqueeze(-1).contiguous(), right=True).squeeze(-1)
+    # a zero-weight token is never picked: searchsorted(right=True) skips flat CDF steps; an all-zero row
+    # (no mass at all) gives the last token
+    return idx.clamp_(max=weights.shape[-1] - 1)
+
+
 def sample_from_probs(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling. probs (..., V) (need not be normalised), uniform (...) in [0,1) -> (...) int64."""
-    cdf = probs.float().cumsum(-1)  # (..., V)
-    target = uniform.unsqueeze(-1) * cdf[..., -1:]  # (..., 1)
-    idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
-    # a zero-probability token is never picked: searchsorted(right=True) skips flat CDF steps,
-    # and u < 1 keeps the index inside the vocabulary
-    return idx.clamp_(max=probs.shape[-1] - 1)
+    """Inverse-CDF sampling. probs (..., V) (need not be normalised), uniform (...) in [0,1) -> (...) int64.
+    Exact integer sums (:func:`fixed_point_weights`): the fused kernel draws the same token bit for bit."""
+    return sample_from_weights(fixed_point_weights(probs), uniform)

@@ -50,6 +50,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-acceptance", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
     p.add_argument("--device", default="cpu", help="cpu or cuda (a GPU: scale the budgets with --minutes-scale)")
+    p.add_argument("--batch-scale", type=int, default=1, metavar="N",
+                   help="N x every model's batch and tokens, same steps and schedules (the GPU-trained family: "
+                        "--device cuda --batch-scale 10)")
     p.add_argument("--heads", action="store_true",
                    help="train the self-drafting heads (EAGLE, Medusa, early-exit adapter) on the shipped target "
                         "instead of the models (speclab.family.heads; --only picks heads by name)")
