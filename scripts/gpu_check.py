@@ -780,14 +780,19 @@ def sec_train(part: Part, args, sz: Sizes) -> None:
     scale = 1 if sz.train_tiny else int(sz.train_scale)
     kw = dict(seed=0, out_dir=work / "family", runs_dir=work / "runs", specs=specs, quality=False,
               acceptance=False, progress=False, threads=os.cpu_count() or 1, device=sz.device, batch_scale=scale)
+    if not sz.train_tiny:  # 10x the tokens need more data than the standard library: see LARGE_CORPUS
+        kw.update(corpus_kwargs=dict(tr.LARGE_CORPUS), copy_chars=tr.LARGE_COPY_CHARS,
+                  tokenizer_chars=tr.LARGE_TOKENIZER_CHARS)
     if sz.train_tiny:
         kw.update(threads=1, vocab_size=512, alt_vocab_size=256, eval_tokens=2000, copy_chars=50_000,
-                  corpus_kwargs=dict(code_chars=150_000, prose_chars=60_000, record_chars=100_000))
+                  corpus_kwargs=dict(code_chars=150_000, prose_chars=60_000, record_chars=100_000,
+                                     packages=("numpy",)), tokenizer_chars=300_000)
     cfg = tr.TrainConfig(**kw)
     part.summary(specs=[dict(name=s.name, tokens=s.tokens, batch=s.batch, hidden=s.hidden, layers=s.layers)
                         for s in tr.scale_batches(specs, scale)],
                  batch_scale=scale, device=sz.device,
-                 command=f"speclab train --device {sz.device} --batch-scale {scale} --seed 0")
+                 command=f"speclab train --device {sz.device} --batch-scale {scale} --seed 0"
+                 + ("" if sz.train_tiny else " --large-corpus"))
     t0 = time.perf_counter()
     try:
         def saved(m: dict) -> None:  # each model as it is saved: its row, and the weights so far packed

@@ -241,3 +241,26 @@ def test_spec_schedules_and_shared_seed():
         assert (d.hidden, d.layers, d.tokens, d.copy_schedule, d.code_schedule) == \
             (t.hidden, t.layers, t.tokens, t.copy_schedule, t.code_schedule)
         assert d.teacher == "target" and t.teacher is None
+
+
+def test_corpus_packages_and_batch_scale():
+    """The larger corpus of the GPU-trained family: package sources join the standard library's (named
+    ``package/path``, the standard library's names unchanged), an unknown package is a clear error; and
+    --batch-scale keeps every schedule (in steps) while multiplying batch and tokens."""
+    from speclab.family.corpus import code_documents, source_files
+    from speclab.family.train import DEFAULT_SPECS, scale_batches
+
+    files = source_files(("numpy",))
+    names = [n for n, _ in files]
+    assert any(n.startswith("numpy/") for n in names) and "json/__init__.py" in names
+    assert names.index("json/__init__.py") < min(i for i, n in enumerate(names) if n.startswith("numpy/"))
+    docs = code_documents(10**9, ("numpy",))
+    assert any(d.name.startswith("numpy/") for d in docs)
+    with pytest.raises(ValueError, match="not installed"):
+        source_files(("no_such_package_xyz",))
+    scaled = scale_batches(DEFAULT_SPECS, 10)
+    for a, b in zip(DEFAULT_SPECS, scaled):
+        assert b.batch == 10 * a.batch and b.tokens == 10 * a.tokens
+        assert b.tokens // (b.batch * b.seq) == a.tokens // (a.batch * a.seq)  # same steps
+        assert b.copy_schedule == a.copy_schedule and b.code_schedule == a.code_schedule
+    assert scale_batches(DEFAULT_SPECS, 1) == list(DEFAULT_SPECS)

@@ -52,7 +52,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (a GPU: scale the budgets with --minutes-scale)")
     p.add_argument("--batch-scale", type=int, default=1, metavar="N",
                    help="N x every model's batch and tokens, same steps and schedules (the GPU-trained family: "
-                        "--device cuda --batch-scale 10)")
+                        "--device cuda --batch-scale 10 --large-corpus)")
+    p.add_argument("--large-corpus", action="store_true",
+                   help="the larger corpus (standard library + torch, transformers and numpy sources, more records "
+                        "and copy-heavy text; speclab.family.train.LARGE_CORPUS) for long runs")
     p.add_argument("--heads", action="store_true",
                    help="train the self-drafting heads (EAGLE, Medusa, early-exit adapter) on the shipped target "
                         "instead of the models (speclab.family.heads; --only picks heads by name)")

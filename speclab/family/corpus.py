@@ -2,9 +2,11 @@
 
 Three sources, mixed into one list of documents:
 
-* ``code``: CPython standard library ``*.py`` files (tests, idlelib and site-packages excluded);
+* ``code``: CPython standard library ``*.py`` files (tests, idlelib and site-packages excluded), then
+  optionally those of installed packages named by ``packages`` (the larger corpus of the GPU-trained
+  family: torch, transformers, numpy, which every speclab installation has);
 * ``prose``: English technical prose: ``pydoc_data.topics`` and module / class / function docstrings
-  extracted with :mod:`ast`;
+  extracted with :mod:`ast` (from the same files);
 * ``records``: structured text generated with a seeded RNG: JSON objects and arrays, INI and
   YAML-like configuration files, CSV and markdown tables.
 
@@ -60,8 +62,7 @@ class Corpus:
 # code and prose from the standard library
 
 
-def stdlib_files(max_file_bytes: int = 200_000) -> list[Path]:
-    root = Path(sysconfig.get_paths()["stdlib"])
+def _py_files(root: Path, max_file_bytes: int) -> list[Path]:
     files = []
     for p in root.rglob("*.py"):
         rel = p.relative_to(root)
@@ -76,6 +77,31 @@ def stdlib_files(max_file_bytes: int = 200_000) -> list[Path]:
     return sorted(files, key=lambda p: str(p.relative_to(root)))
 
 
+def stdlib_files(max_file_bytes: int = 200_000) -> list[Path]:
+    return _py_files(Path(sysconfig.get_paths()["stdlib"]), max_file_bytes)
+
+
+def package_root(name: str) -> Path:
+    """The directory of an installed package, found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"corpus package {name!r} is not installed (or is not a package)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def source_files(packages: tuple[str, ...] = ()) -> list[tuple[str, Path]]:
+    """(document name, path) of every source file: the standard library's (named by their path under it,
+    as the shipped family's corpus has them), then each package's (``package/path``)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = [(str(p.relative_to(root)), p) for p in stdlib_files()]
+    for name in packages:
+        proot = package_root(name)
+        out += [(f"{name}/{p.relative_to(proot)}", p) for p in _py_files(proot, 200_000)]
+    return out
+
+
 def _read(p: Path) -> str | None:
     try:
         text = p.read_text(encoding="utf-8")
@@ -84,14 +110,13 @@ def _read(p: Path) -> str | None:
     return text.replace("\r\n", "\n").replace("\t", "    ")
 
 
-def code_documents(max_chars: int) -> list[Document]:
-    root = Path(sysconfig.get_paths()["stdlib"])
+def code_documents(max_chars: int, packages: tuple[str, ...] = ()) -> list[Document]:
     docs, total = [], 0
-    for p in stdlib_files():
+    for name, p in source_files(packages):
         text = _read(p)
         if not text or not text.isascii():
             continue
-        docs.append(Document("code", str(p.relative_to(root)), text))
+        docs.append(Document("code", name, text))
         total += len(text)
         if total >= max_chars:
             break
@@ -104,12 +129,11 @@ def _clean_docstring(s: str) -> str:
     return inspect.cleandoc(s).strip()
 
 
-def docstring_documents(max_chars: int) -> list[Document]:
+def docstring_documents(max_chars: int, packages: tuple[str, ...] = ()) -> list[Document]:
     """One document per module: its docstring plus the docstrings of its classes and functions,
     each introduced by a short heading line (``name(args)``)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
     docs, total = [], 0
-    for p in stdlib_files():
+    for name, p in source_files(packages):
         text = _read(p)
         if not text:
             continue
@@ -119,7 +143,7 @@ def docstring_documents(max_chars: int) -> list[Document]:
             continue
         parts = []
         mod_doc = ast.get_docstring(tree)
-        modname = str(p.relative_to(root))[:-3].replace("/", ".").removesuffix(".__init__")
+        modname = name[:-3].replace("/", ".").removesuffix(".__init__")
         if mod_doc and len(mod_doc) > 40:
             parts.append(f"{modname}\n\n{_clean_docstring(mod_doc)}")
         for node in ast.walk(tree):
@@ -377,9 +401,12 @@ def record_documents(seed: int, max_chars: int) -> list[Document]:
 
 
 def build_corpus(seed: int = 0, *, code_chars: int = 9_000_000, prose_chars: int = 4_000_000,
-                 record_chars: int = 7_000_000, heldout_fraction: float = 0.03) -> Corpus:
-    """Build the corpus; sizes are upper bounds in characters per source."""
-    docs = code_documents(code_chars) + topic_documents() + docstring_documents(prose_chars)
+                 record_chars: int = 7_000_000, heldout_fraction: float = 0.03,
+                 packages: tuple[str, ...] = ()) -> Corpus:
+    """Build the corpus; sizes are upper bounds in characters per source; ``packages``: installed packages
+    whose sources join the standard library's as code and docstrings."""
+    packages = tuple(packages)
+    docs = code_documents(code_chars, packages) + topic_documents() + docstring_documents(prose_chars, packages)
     docs += record_documents(seed, record_chars)
     rng = random.Random(seed + 1)
     corpus = Corpus()
