@@ -74,15 +74,16 @@ def test_kernel_inputs_are_valid_acceptance_inputs():
     assert dp is None and drafts.shape == (4, 0)
 
 
-def test_train_specs_scale_tokens_and_stretch_schedules():
-    from speclab.family.train import DEFAULT_SPECS
+def test_train_specs_scale_batches_and_tokens_in_the_same_steps():
+    from speclab.family.train import DEFAULT_SPECS, scale_batches
 
-    big = {s.name: s for s in gpu_check.train_specs(gpu_check.Sizes())}
+    sz = gpu_check.Sizes()
+    big = {s.name: s for s in scale_batches(gpu_check.train_specs(sz), int(sz.train_scale))}
     for s in DEFAULT_SPECS:
-        f = 1.0 if s.role == "mismatched" else 10.0
-        assert big[s.name].tokens == int(s.tokens * f)
-        assert big[s.name].copy_schedule == tuple((int(a * f), x) for a, x in s.copy_schedule)
-        assert big[s.name].hidden == s.hidden
+        b = big[s.name]
+        assert b.tokens == 10 * s.tokens and b.batch == 10 * s.batch and b.hidden == s.hidden
+        assert b.tokens // (b.batch * b.seq) == s.tokens // (s.batch * s.seq)  # same steps, same schedules
+        assert b.copy_schedule == s.copy_schedule
     assert big["target"].tokens >= 10 * 17_000_000
     tiny = gpu_check.train_specs(gpu_check.Sizes.tiny())
     assert all(s.tokens == 2 * s.batch * s.seq for s in tiny)
