@@ -5,7 +5,6 @@ cost model's round plan on hand-built cases; `speclab bench --synthetic` end to 
 from __future__ import annotations
 
 import json
-import math
 import time
 
 import pytest
@@ -167,7 +166,6 @@ def test_bench_synthetic_smoke(tmp_path, capsys):
     assert len(rep["cells"]) == 2 * 2 * 2
     for c in rep["cells"]:
         assert c["identical"] and c["measured_speedup"] > 0 and c["predicted_speedup"] > 0
-        assert c["timed_alone_speedup"] > 0 and math.isfinite(c["timed_alone_error"])
         assert abs(c["measured_acceptance"] - c["alpha"]) < 0.5
     assert {"model_error_to_crossover", "model_error_all", "all_identical"} <= set(rep["targets"])
     assert "target model_error_to_crossover" in capsys.readouterr().out

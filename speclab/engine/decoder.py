@@ -52,20 +52,18 @@ class SpeculativeDecoder:
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]] | str, k: int = 4,
                  max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int | None = 0, record: bool = True, stop_on_eos: bool = True, policy=None,
-                 stop: Sequence[str] = (), learn_costs: bool | None = None) -> GenerationResult:
+                 stop: Sequence[str] = ()) -> GenerationResult:
         """Decode every prompt (a batch). Row b samples with ``seed + b`` (``seed=None``: a fresh seed per
         row, reported in ``seeds``). ``policy`` chooses each round's draft length (default: fixed ``k``;
         a name or a Policy, whose largest k is ``k``). ``record`` subscribes a metrics recorder for this
-        run; ``record=False`` runs with no subscriber of its own (the fast path; benchmarks measure both).
-        ``learn_costs``: time every round's phases into ``self.costs`` (default: only under policies that
-        weigh costs; fixed k and "off" skip it)."""
+        run; ``record=False`` runs with no subscriber of its own (the fast path; benchmarks measure both)."""
         from ..metrics import Recorder
 
         rec = Recorder(self.target) if record else None
         unsub = self.hooks.subscribe(rec) if rec else None
         try:
             sched, reqs = self._run(prompts, k, max_new_tokens, temperature, top_k, top_p, seed, stop_on_eos,
-                                    policy, stop, learn_costs)
+                                    policy, stop)
             self._drive(sched, reqs)
         finally:
             if unsub:
@@ -122,8 +120,7 @@ class SpeculativeDecoder:
                                 not stop_on_eos, row=i))
         return reqs
 
-    def _run(self, prompts, k, max_new_tokens, temperature, top_k, top_p, seed, stop_on_eos, policy, stop,
-             learn_costs=None):
+    def _run(self, prompts, k, max_new_tokens, temperature, top_k, top_p, seed, stop_on_eos, policy, stop):
         check_k(k)
         reqs = self.requests(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_on_eos, stop)
         pol = make_policy(policy, k)
@@ -131,8 +128,7 @@ class SpeculativeDecoder:
         longest = max(len(r.prompt_ids) for r in reqs) + max_new_tokens
         sched = Scheduler(self.target, drafter, pol, self.hooks, max_running=len(reqs), max_waiting=0,
                           max_len=longest, capacity=len(reqs), costs=self.costs,
-                          record_costs=pol.name not in ("fixed", "off") if learn_costs is None else learn_costs,
-                          cuda_graphs=self.cuda_graphs)
+                          record_costs=pol.name not in ("fixed", "off"), cuda_graphs=self.cuda_graphs)
         for r in reqs:
             sched.validate(r)
         for r in reqs:
