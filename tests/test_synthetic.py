@@ -166,6 +166,8 @@ def test_bench_synthetic_smoke(tmp_path, capsys):
     assert len(rep["cells"]) == 2 * 2 * 2
     for c in rep["cells"]:
         assert c["identical"] and c["measured_speedup"] > 0 and c["predicted_speedup"] > 0
+        assert len(c["rep_speedups"]) == 1 and c["rep_spread"] >= 0
         assert abs(c["measured_acceptance"] - c["alpha"]) < 0.5
-    assert {"model_error_to_crossover", "model_error_all", "all_identical"} <= set(rep["targets"])
+    assert {"model_error_to_crossover", "model_error_all", "all_identical", "cells_repeatable_15pct"} <= set(
+        rep["targets"])
     assert "target model_error_to_crossover" in capsys.readouterr().out
