@@ -269,6 +269,14 @@ def test_realized_gain_hand_built():
     assert g.gain == pytest.approx((0.8 * (2 / t4) / (2 / t0) + g2) / 1.8)
     g.update(view([[(4, 0), (2, 2), (0, 0)], [(0, 0), (2, 2), (0, 0)]], c))  # a plain round: no evidence
     assert g.weight == pytest.approx(1.8)
+    # asked k = 4, both rows stopped at once: the draft step that looked still ran (2 tokens, 1 step + plain)
+    a = RealizedGain(decay=0.8)
+    a.update(view([[], []], c), asked=4)
+    a.update(view([[(0, 0)], [(0, 0)]], c), asked=4)
+    t_stop = c.draft_total(2, 1) + c.target_time(2, 1) + c.overhead_time(2)
+    assert a.gain == pytest.approx(t0 / t_stop) and a.gain < 1
+    a.update(view([[(0, 0)] * 2, [(0, 0)] * 2], c), asked=0)  # a round the rule was not asked to draft
+    assert a.weight == pytest.approx(1.0)
 
 
 def test_confidence_turns_off_when_its_rounds_yield_less_than_plain():
