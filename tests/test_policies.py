@@ -251,52 +251,6 @@ def test_confidence_stop_rule():
     assert Confidence(4).choose(view([[], []]))[0].k == 4
 
 
-
-def test_realized_gain_hand_built():
-    from speclab.engine.policies import RealizedGain
-
-    c = table(rows=(2,), step_ms=1.0, verify_ms_per_token=0.5, draft_ms=0.2)
-    t0, t4, t2 = c.round_time(2, 0), c.round_time(2, 4), c.round_time(2, 2)
-    g = RealizedGain(decay=0.8)
-    g.update(view([[], []], c))  # nothing has run yet
-    assert g.gain is None
-    # round 1: row 0 drafted 4 and kept none, row 1 stopped its draft at once: 2 tokens in a width-4 round
-    g.update(view([[(4, 0)], [(0, 0)]], c))
-    assert g.gain == pytest.approx((2 / t4) / (2 / t0))
-    # round 2: both drafted 2 and kept both: 6 tokens in a width-2 round
-    g.update(view([[(4, 0), (2, 2)], [(0, 0), (2, 2)]], c))
-    g2 = (6 / t2) / (2 / t0)
-    assert g.gain == pytest.approx((0.8 * (2 / t4) / (2 / t0) + g2) / 1.8)
-    g.update(view([[(4, 0), (2, 2), (0, 0)], [(0, 0), (2, 2), (0, 0)]], c))  # a plain round: no evidence
-    assert g.weight == pytest.approx(1.8)
-    # asked k = 4, both rows stopped at once: the draft step that looked still ran (2 tokens, 1 step + plain)
-    a = RealizedGain(decay=0.8)
-    a.update(view([[], []], c), asked=4)
-    a.update(view([[(0, 0)], [(0, 0)]], c), asked=4)
-    t_stop = c.draft_total(2, 1) + c.target_time(2, 1) + c.overhead_time(2)
-    assert a.gain == pytest.approx(t0 / t_stop) and a.gain < 1
-    a.update(view([[(0, 0)] * 2, [(0, 0)] * 2], c), asked=0)  # a round the rule was not asked to draft
-    assert a.weight == pytest.approx(1.0)
-
-
-def test_confidence_turns_off_when_its_rounds_yield_less_than_plain():
-    """Drafts that stop themselves at once (drafted 0 while k = 4 was asked) look fine to the model (the
-    tracker never sees a rejection) but yield a token per padded round: the realized gain switches the rule
-    off, and a full round every probe_every rounds looks again."""
-    c = table(rows=(2,), step_ms=1.0, verify_ms_per_token=0.5, draft_ms=0.3)
-    p = Confidence(4)
-    h = [[(4, 4)] * 3, [(4, 4)] * 3]  # a good start: the gate opens
-    assert p.choose(view(h, c))[0].k == 4
-    for _ in range(3):  # then row 0 drafts 1 (kept) and row 1 stops at once: 3 tokens in a width-1 round
-        h = [h[0] + [(1, 1)], h[1] + [(0, 0)]]
-        ch = p.choose(view(h, c))
-    assert ch[0].k == 0 and "yielded" in ch[0].reason
-    ks = []
-    for _ in range(p._gate.probe_every):  # rounds that drafted nothing: no new evidence
-        h = [h[0] + [(0, 0)], h[1] + [(0, 0)]]
-        ks.append(p.choose(view(h, c))[0].k)
-    assert sorted(set(ks)) == [0, 4] and ks.count(4) == 1  # one full round per probe_every to look again
-
 # ----------------------------------------------------------------------------------- the cost table
 def test_interpolate():
     f = {1: 2.0, 4: 5.0}.__getitem__

@@ -403,56 +403,6 @@ class CostGate:
         return [Choice(0, why)] * n
 
 
-class RealizedGain:
-    """What a rule's drafting rounds really yielded against plain decoding, for rules whose drafts stop
-    themselves (confidence), where the model's gain at the asked k overstates: a stopped draft yields no
-    token at its stop, and the acceptance tracker only sees the drafts that were proposed. Per round that
-    drafted: (tokens the rows emitted / predicted time of a round at the width it really had) / (rows /
-    predicted plain step), averaged over recent rounds with weight ``decay`` per round."""
-
-    def __init__(self, decay: float = 0.8):
-        self.decay = decay
-        self.num = 0.0
-        self.weight = 0.0
-        self.seen: dict[str, int] = {}
-
-    @property
-    def gain(self) -> float | None:
-        return self.num / self.weight if self.weight else None
-
-    def update(self, view: PolicyView, asked: int | None = None) -> None:
-        """Absorb the round that just ran (each row's newest history entry since the last call). ``asked``:
-        the k the rule gave that round (None: unknown). A draft that stops itself still ran the draft step
-        that looked at its stop, so a round asked for k > 0 costs min(asked, width + 1) draft steps, even when
-        every row stopped at once (width 0); rounds never asked to draft are not the rule's."""
-        n = tokens = width = 0
-        live = set()
-        for r in view.rows:
-            live.add(r.request_id)
-            h, s = r.history, self.seen.get(r.request_id, 0)
-            if s > len(h):
-                s = 0
-            self.seen[r.request_id] = len(h)
-            if len(h) > s:
-                d, a = h[-1]
-                n, tokens, width = n + 1, tokens + a + 1, max(width, d)
-        if len(self.seen) > 2 * len(live) + 64:
-            self.seen = {k: v for k, v in self.seen.items() if k in live}
-        costs = view.costs
-        if not n or costs is None or (asked is None and not width) or asked == 0:
-            return
-        t0 = costs.round_time(n, 0)
-        if asked is None:
-            t = costs.round_time(n, width)
-        else:
-            steps = min(asked, width + 1) if width < asked else width
-            d, v = costs.draft_total(n, steps), costs.target_time(n, width + 1)
-            t = None if d is None or v is None else d + v + costs.overhead_time(n)
-        if t and t0:
-            self.num = self.decay * self.num + (tokens / t) / (n / t0)
-            self.weight = self.decay * self.weight + 1.0
-
-
 # ============================================================================ the policies
 
 
@@ -751,29 +701,13 @@ class Confidence(GatedRule):
         check_float("confidence threshold", self.threshold, 0.0, 1.0)
         check_float("confidence entropy floor", self.floor, 0.0, 1.0)
         self._init_gate()
-        self._realized = RealizedGain()
-        self._closed = 0
-        self._asked: int | None = None  # the k the last round was given (None before the first)
 
     def choose(self, view: PolicyView) -> list[Choice]:
-        K, n = self.k_max, len(view.rows)
-        out = [Choice(K, f"confidence: up to k={K}")] * n
-        if not (self.gate and K):
-            return out
-        self._tracker.update(view)
-        self._realized.update(view, self._asked)
-        out = self._gate.apply(view, out, "confidence")
-        g = self._realized.gain
-        if max((c.k for c in out), default=0) > 0 and g is not None and g < 1.0 and self._realized.weight >= 2:
-            # the model let the rule through, but its recent rounds (stopped early, padded to the widest
-            # row) yielded less than plain decoding: off, with a full round every probe_every to look again
-            self._closed += 1
-            if self._closed < self._gate.probe_every:
-                self._asked = 0
-                return [Choice(0, f"off: confidence rounds yielded {g:.2f}x plain ({n} rows)")] * n
-        self._closed = 0
-        self._asked = max((c.k for c in out), default=0)
-        return out
+        K = self.k_max
+        if self.gate:
+            self._tracker.update(view)
+        out = [Choice(K, f"confidence: up to k={K}")] * len(view.rows)
+        return self._gate.apply(view, out, "confidence") if self.gate and K else out
 
     def draft_stop(self):
         thr, floor, gamma = self.threshold, self.floor, self.gamma
