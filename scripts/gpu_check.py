@@ -783,7 +783,7 @@ def sec_train(part: Part, args, sz: Sizes) -> None:
     if not sz.train_tiny:  # 10x the tokens need more data than the standard library: see LARGE_CORPUS
         kw.update(corpus_kwargs=dict(tr.LARGE_CORPUS), copy_chars=tr.LARGE_COPY_CHARS,
                   tokenizer_chars=tr.LARGE_TOKENIZER_CHARS)
-    if sz.train_tiny:
+    else:
         kw.update(threads=1, vocab_size=512, alt_vocab_size=256, eval_tokens=2000, copy_chars=50_000,
                   corpus_kwargs=dict(code_chars=150_000, prose_chars=60_000, record_chars=100_000,
                                      packages=("numpy",)), tokenizer_chars=300_000)

@@ -25,6 +25,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
+MAX_FILE_BYTES = 200_000  # larger source files (generated tables, vendored blobs) are left out
 EXCLUDED_PARTS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__", "turtledemo"}
 
 
@@ -77,7 +78,7 @@ def _py_files(root: Path, max_file_bytes: int) -> list[Path]:
     return sorted(files, key=lambda p: str(p.relative_to(root)))
 
 
-def stdlib_files(max_file_bytes: int = 200_000) -> list[Path]:
+def stdlib_files(max_file_bytes: int = MAX_FILE_BYTES) -> list[Path]:
     return _py_files(Path(sysconfig.get_paths()["stdlib"]), max_file_bytes)
 
 
@@ -98,7 +99,7 @@ def source_files(packages: tuple[str, ...] = ()) -> list[tuple[str, Path]]:
     out = [(str(p.relative_to(root)), p) for p in stdlib_files()]
     for name in packages:
         proot = package_root(name)
-        out += [(f"{name}/{p.relative_to(proot)}", p) for p in _py_files(proot, 200_000)]
+        out += [(f"{name}/{p.relative_to(proot)}", p) for p in _py_files(proot, MAX_FILE_BYTES)]
     return out
 
 

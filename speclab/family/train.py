@@ -635,7 +635,9 @@ def train_family(cfg: TrainConfig, log=print, after_each=None) -> dict:
     tok_dir.mkdir(exist_ok=True)
     fp = corpus.fingerprint()
     for kind, vs in (("main", cfg.vocab_size), ("alt", cfg.alt_vocab_size)):
-        path = tok_dir / f"{kind}-{fp}-{vs}.json"
+        # a tokenizer trained on capped input is another tokenizer: the cap is part of its cache name
+        cap = f"-c{cfg.tokenizer_chars}" if cfg.tokenizer_chars is not None else ""
+        path = tok_dir / f"{kind}-{fp}-{vs}{cap}.json"
         if path.exists():
             toks[kind] = load_tokenizer_file(path)
         else:
