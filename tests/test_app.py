@@ -184,8 +184,13 @@ def test_stop_gate_ends_the_run_before_stop_returns():
     assert done.wait(1)
     time.sleep(0.2)
     assert len(seen) == n < 1000
-    # the next run on the same page starts unstopped; a page's copy is a fresh gate; no run: returns at once
+    # a run that begins right after Stop (Gradio sends the control change it kept during the run as soon
+    # as the stream closes) was asked for before Stop: refused, nothing reaches the page
+    assert list(core.StopGate.guard(iter(range(3)), gate)) == []
+    # once the quiet window has passed, the next run on the same page starts unstopped
+    time.sleep(core.StopGate.QUIET_S + 0.05)
     assert list(core.StopGate.guard(iter(range(3)), gate)) == [0, 1, 2]
+    # a page's copy is a fresh gate; no run: returns at once
     fresh = copy.deepcopy(gate)
     assert fresh is not gate and fresh.stop(timeout=0)
 
@@ -464,3 +469,30 @@ def test_tree_decode_draws_the_rounds(models):
     assert "No token trees" in ui._tree_html(cfg, {"trees": []}, ui.ALL_ROWS, 1)
     with pytest.raises(SpeclabError, match="chains only"):
         core.validate_decode(cfg, "x", cfg.default_target, "early-exit", 4, 1, 0.0, 1.0, 8, 0, tree="static")
+
+
+def test_stop_gate_refuses_a_run_that_begins_while_stop_waits():
+    """The run Gradio dispatches when the cancelled one's stream closes can arrive while Stop still waits for
+    the old run: it must end at once, not clear the stop and keep the old run (and Stop) going."""
+    import time
+
+    gate = core.StopGate()
+    release = threading.Event()
+
+    def slow():
+        yield 0
+        release.wait(5)  # a long round: Stop has to wait for it
+        yield 1
+
+    old = core.StopGate.guard(slow(), gate)
+    assert next(old) == 0
+    stopped = []
+    t = threading.Thread(target=lambda: stopped.append(gate.stop(timeout=5)), daemon=True)
+    t.start()
+    time.sleep(0.05)  # Stop is waiting
+    assert list(core.StopGate.guard(iter(range(3)), gate)) == []  # the late run: refused
+    assert list(core.StopGate.guard(iter(range(3)), gate, refused="no change")) == ["no change"]
+    release.set()
+    assert list(old) == []  # the old run saw the stop after its round, and ended
+    t.join(5)
+    assert stopped == [True]

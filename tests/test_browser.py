@@ -140,6 +140,32 @@ def test_slider_release_reruns_and_stop_cancels(page):
     _wait_status(page, "decode-status", "⏹ stopped (the tokens so far stay on the page)")
 
 
+def test_a_control_changed_during_a_run_does_not_start_after_stop(page):
+    """Gradio keeps the last control change made while a run goes (always_last) and sends it when the
+    cancelled run's stream closes, just after Stop: that run was asked for before Stop and must not start."""
+    page.wait_for_function("() => /[✓⚠⏹]/.test(document.querySelector('#decode-status').innerText)",
+                           timeout=120_000)
+    pace = page.locator("#pace input[type=number]")
+    pace.fill("300")
+    pace.press("Tab")
+    page.wait_for_function("() => document.querySelector('#decode-status').innerText.includes('decoding with')",
+                           timeout=60_000)
+    k_box = page.locator("#k input[type=number]")
+    k_box.fill("3")
+    k_box.press("Tab")  # a change while the run goes: kept by the page for after it
+    page.wait_for_timeout(300)
+    page.locator("#stop").click()
+    page.wait_for_function("() => document.querySelector('#decode-status').innerText.includes('stopped')",
+                           timeout=10_000)
+    page.wait_for_timeout(2500)  # the kept change would have started (and said "decoding with ... k=3") by now
+    status = _status(page, "decode-status")
+    assert "stopped" in status and "k=3" not in status, status
+    pace.fill("0")
+    pace.press("Tab")
+    status = _wait_status(page, "decode-status", contains="k=3")
+    assert "✓" in status, status
+
+
 def test_sweep_chart_renders_offline(page, tmp_path):
     page.get_by_role("tab", name="Sweep").click()
     page.locator("#sweep-run").click()

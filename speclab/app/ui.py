@@ -255,7 +255,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                             auto_run=False):
                     updates = _decode_updates(prompt_, target_, draft_, k_, batch_, fill_, workload_, temp_, top_p_,
                                               max_new_, seed_, pace_, rows_, top_k_, policy_, tree_, nodes_, auto_run)
-                    yield from core.StopGate.guard(updates, gate_)
+                    yield from core.StopGate.guard(updates, gate_, tuple(gr.skip() for _ in decode_outputs))
 
                 def _decode_updates(prompt_, target_, draft_, k_, batch_, fill_, workload_, temp_, top_p_, max_new_,
                                     seed_, pace_, rows_, top_k_, policy_, tree_, nodes_, auto_run):
@@ -387,7 +387,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                            progress=gr.Progress()):
                     updates = _sweep_updates(target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_,
                                              progress)
-                    yield from core.StopGate.guard(updates, gate_)
+                    yield from core.StopGate.guard(updates, gate_, tuple(gr.skip() for _ in sweep_outputs))
 
                 def _sweep_updates(target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_, progress):
                     skip = tuple(gr.skip() for _ in sweep_outputs[1:])
@@ -520,7 +520,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                           progress=gr.Progress()):
                     updates = _load_updates(server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_, max_,
                                             split_, progress)
-                    yield from core.StopGate.guard(updates, gate_)
+                    yield from core.StopGate.guard(updates, gate_, tuple(gr.skip() for _ in load_outputs))
 
                 def _load_updates(server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_, max_, split_,
                                   progress):
