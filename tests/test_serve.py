@@ -490,7 +490,7 @@ def test_plain_decoding_server(models, process):
     with InProcess(server) as srv:
         assert server.engine.process == process
         if process:  # the model's work happens in the child, not in this process
-            assert server.engine.worker.pid != os.getpid()
+            assert server.engine.workers[0].pid != os.getpid()
         out = asyncio.run(_one(srv.url + "/v1/completions", body, {}))
         names = {f.name for f in families(srv.url)}
     text, ids, finish = reference(models, None, 0, body)
@@ -518,7 +518,8 @@ def test_an_engine_fault_fails_only_its_requests(models):
     ok = {"prompt": PROMPTS[0], "max_tokens": 40, "temperature": 0, "return_token_ids": True}
     ok2 = {"prompt": PROMPTS[1], "max_tokens": 12, "temperature": 0, "return_token_ids": True}
     bad = {"prompt": [200, 300, POISON, 400], "max_tokens": 12, "temperature": 0}
-    server = Server(models["target"], FaultyLookup(3, 1), make_policy(None, 3), served_name="faulty", max_num_seqs=1)
+    server = Server(models["target"], FaultyLookup(3, 1), make_policy(None, 3), served_name="faulty", max_num_seqs=1,
+                    engine_cores=1)
     with InProcess(server) as srv:
         url = srv.url + "/v1/completions"
 
@@ -538,6 +539,64 @@ def test_an_engine_fault_fails_only_its_requests(models):
     assert c["status"] == 200 and c["token_ids"] == reference(models, "ngram", 3, ok2)[1]
     assert metric(m, "speclab:engine_errors_total") == 1
     assert metric(m, "vllm:request_success_total", finished_reason="error") == 1
+
+
+def test_data_parallel_cores_share_the_load_exactly(models):
+    """Two engine cores (vLLM's data parallelism): concurrent staggered requests spread over both, each output equal
+    to its solo run, the metrics the sum of both cores' counts; then the second core dies: its request fails, the
+    first core's completes, /health says 503 and new requests get a 500."""
+    from speclab.engine import make_policy
+    from speclab.serve.app import Server
+
+    bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 16 + i, "temperature": 0.0 if i % 2 else 0.8,
+               "seed": 50 + i, "return_token_ids": True, "stream": i % 3 == 0,
+               "stream_options": {"include_usage": True}} for i in range(8)]
+    server = Server(models["target"], models["draft"], make_policy(None, 4), served_name="dp", engine_cores=2,
+                    max_num_seqs=4)
+    with InProcess(server) as srv:
+        url = srv.url + "/v1/completions"
+        assert [c.rows for c in server.engine.cores] == [2, 2]
+        assert len({w.pid for w in server.engine.workers} | {os.getpid()}) == 3
+        m0 = scrape(srv.url)
+
+        async def run():
+            async with httpx.AsyncClient(timeout=120) as client:
+                async def one(i, b):
+                    await asyncio.sleep(0.02 * i)
+                    return await post(client, url, b, {})
+                return await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
+
+        outs = asyncio.run(run())
+        m1 = scrape(srv.url)
+        assert all(c.submitted >= 2 for c in server.engine.cores), [c.submitted for c in server.engine.cores]
+        for b, o in zip(bodies, outs):
+            text, ids, finish = reference(models, "draft", 4, b)
+            assert (o["status"], o["token_ids"], o["text"], o["finish_reason"]) == (200, ids, text, finish)
+        for name, key in (("vllm:spec_decode_num_draft_tokens_total", "drafted_tokens"),
+                          ("vllm:spec_decode_num_accepted_tokens_total", "accepted_tokens")):
+            assert metric(m1, name) - metric(m0, name) == sum(o["speculation"][key] for o in outs), name
+        assert metric(m1, "vllm:generation_tokens_total") - metric(m0, "vllm:generation_tokens_total") == \
+            sum(o["usage"]["completion_tokens"] for o in outs)
+
+        long = {"prompt": PROMPTS[2], "max_tokens": 600, "ignore_eos": True, "temperature": 0, "stream": True}
+
+        async def kill_the_second():
+            async with httpx.AsyncClient(timeout=120) as client:
+                first = asyncio.ensure_future(post(client, url, long, {}))
+                while server.engine.cores[0].running == 0:
+                    await asyncio.sleep(0.01)
+                second = asyncio.ensure_future(post(client, url, {**long, "max_tokens": 900}, {}))
+                while server.engine.cores[1].running == 0:
+                    await asyncio.sleep(0.01)
+                os.kill(server.engine.workers[1].pid, signal.SIGKILL)
+                return await asyncio.gather(first, second)
+
+        first, second = asyncio.run(kill_the_second())
+        assert "error" in second and second["finish_reason"] is None
+        assert "error" not in first and first["finish_reason"] == "length" and len(first["text"]) > 0
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 503
+        after = httpx.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert after.status_code == 500 and after.json()["error"]["message"]
 
 
 class SlowEncoding:
@@ -599,7 +658,7 @@ def test_engine_process_death_fails_requests_in_flight(models):
                 streaming = asyncio.ensure_future(post(client, url, body, {}))
                 while server.engine.running == 0:  # it runs
                     await asyncio.sleep(0.02)
-                os.kill(server.engine.worker.pid, signal.SIGKILL)
+                os.kill(server.engine.workers[0].pid, signal.SIGKILL)
                 return await streaming
 
         out = asyncio.run(run())

@@ -44,7 +44,7 @@ from .protocol import (
     parse_completion,
     stop_reason,
 )
-from .runner import ERROR, TOKENS, Engine, fork_ok, plan_cpus
+from .runner import ERROR, TOKENS, Engine, auto_cores, core_share, fork_ok, plan_cpus
 
 
 class SSEResponse(StreamingResponse):
@@ -69,7 +69,8 @@ class Server:
     def __init__(self, target, drafter, policy, *, served_name: str, max_num_seqs: int = 64,
                  max_waiting: int = 256, max_model_len: int | None = None, api_key: str | None = None,
                  stream_split_tokens: bool = False, method: str = "none", draft_name: str = "none",
-                 engine_process: bool | None = None, engine_threads: int | None = None, cpu_binding: str = "none"):
+                 engine_process: bool | None = None, engine_threads: int | None = None, cpu_binding: str = "none",
+                 engine_cores: int | None = None):
         self.lm = target
         self.decode = fast_decoder(target)  # == target.decode, cheaper per call
         context = min(max_model_len or target.max_context, target.max_context)
@@ -85,25 +86,35 @@ class Server:
                                      policy=policy.name, method=method if speculative else "none",
                                      draft=draft_name if speculative else "none", max_model_len=context)
         costs = None
-
-        def make_scheduler(hooks):
-            nonlocal costs  # a rebuilt scheduler keeps the step costs measured so far
-            s = Scheduler(target, drafter if speculative else None, policy, hooks, max_running=max_num_seqs,
-                          max_waiting=max_waiting, max_len=context, capacity=min(max_num_seqs, 8), costs=costs,
-                          record_costs=policy.name not in ("fixed", "off"))
-            costs = s.costs
-            return s
-
         # the engine core in a process of its own where a fork is safe (speclab.serve.runner); a forked process
         # cannot use the parent's OpenMP thread pool, so it runs the model on one thread: asked for more, the
         # core goes on a thread of this process
         threads = engine_threads or 1
         process = fork_ok(target.device) and threads == 1 if engine_process is None else engine_process
+        cores = min(auto_cores(process), max_num_seqs) if engine_cores is None else int(engine_cores)
+        if not 1 <= cores <= max_num_seqs:
+            raise SpeclabError(f"engine cores (data parallelism) must be between 1 and --max-num-seqs "
+                               f"({max_num_seqs}), got {cores}")
+
+        def make_scheduler(hooks, core: int = 0):
+            nonlocal costs  # a rebuilt scheduler keeps the step costs measured so far
+            # --max-num-seqs bounds the running rows of all cores together: each core runs its share
+            rows = core_share(max_num_seqs, cores, core)
+            s = Scheduler(target, drafter if speculative else None, policy, hooks, max_running=rows,
+                          max_waiting=max_waiting, max_len=context, capacity=min(rows, 8), costs=costs,
+                          record_costs=policy.name not in ("fixed", "off"))
+            costs = s.costs
+            return s
+
         if process and threads > 1:
             raise SpeclabError(f"an engine process runs the model on one thread (a forked process cannot use OpenMP's "
                                f"thread pool); asked for {threads}: use 1 thread, or the engine on a thread")
+        if cores > 1 and not process:
+            raise SpeclabError(f"{cores} engine cores (data parallelism) need engine processes: the engine runs on a "
+                               f"thread here (CUDA, --engine thread or --threads > 1); use --data-parallel-size 1")
         self.engine = Engine(make_scheduler, self.metrics, process=process, max_in_flight=max_num_seqs + max_waiting,
-                             threads=1 if process else None, cpus=plan_cpus(cpu_binding))
+                             threads=1 if process else None, cpus=plan_cpus(cpu_binding, cores), cores=cores,
+                             max_running=max_num_seqs)
         self.metrics.bind(self.engine.counts)
 
     # ------------------------------------------------------------------ requests

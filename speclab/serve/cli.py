@@ -51,6 +51,10 @@ def add_commands(sub) -> None:
     p.add_argument("--engine", choices=("auto", "process", "thread"), default="auto", help="where the engine core "
                    "runs: its own process (the HTTP side and the model then use a core each, as vLLM's API server and "
                    "EngineCore) or a thread of the server's process; auto: a process on the CPU, a thread on CUDA")
+    p.add_argument("--data-parallel-size", "-dp", default="auto", metavar="N|auto",
+                   help="engine cores, each with its own scheduler and caches, as vLLM's data parallelism; a request "
+                   "goes to the core with the fewest in flight (the first when idle). auto (default): one per CPU this "
+                   "process may use, with engine processes on a CPU; else 1")
     p.add_argument("--cpu-binding", choices=("auto", "none"), default="auto",
                    help="auto (default): with an engine process and at least 2 CPUs, bind the engine core to the first "
                    "CPU and the HTTP side to the others, as vLLM's CPU build binds its worker to a core (measured: "
@@ -91,6 +95,8 @@ def cmd_serve(args) -> int:
     # cheap checks first: a bad flag is one line in a second, before torch or any model loads
     max_seqs = check_int("--max-num-seqs", args.max_num_seqs, 1, MAX_BATCH)
     max_wait = check_int("--max-waiting-requests", args.max_waiting_requests, 0, 1 << 20)
+    dp = None if str(args.data_parallel_size).strip().lower() == "auto" else \
+        check_int("--data-parallel-size", args.data_parallel_size, 1, 64)
     check_int("--port", args.port, 0, 65535)
     spec = parse_speculative_config(args.speculative_config) if args.speculative_config is not None else None
 
@@ -128,7 +134,7 @@ def cmd_serve(args) -> int:
                         stream_split_tokens=args.stream_split_tokens, method=spec.method or "none",
                         draft_name=spec.model or spec.method or "none",
                         engine_process=None if args.engine == "auto" else args.engine == "process",
-                        cpu_binding=args.cpu_binding, engine_threads=torch.get_num_threads())
+                        cpu_binding=args.cpu_binding, engine_threads=torch.get_num_threads(), engine_cores=dp)
         app = create_app(server)
     except BaseException:
         sock.close()
@@ -136,11 +142,18 @@ def cmd_serve(args) -> int:
     host, port = sock.getsockname()[:2]
     print(f"speclab serve: model {target.name} served as '{served}' · speculation: {spec.describe()} · policy "
           f"{policy.name} · up to {max_seqs} running, {max_wait} waiting · context {server.info.context} · engine "
-          f"{'process' if server.engine.process else 'thread'} · http://{host}:{port}/v1", file=sys.stderr, flush=True)
+          f"{engine_where(server.engine)} · http://{host}:{port}/v1", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
                             lifespan="on", timeout_graceful_shutdown=None)
     draining_server(config, server).run(sockets=[sock])
     return 0
+
+
+def engine_where(engine) -> str:
+    if not engine.process:
+        return "engine thread"
+    n = len(engine.cores)
+    return "engine process" if n == 1 else f"{n} engine processes"
 
 
 def draining_server(config, server):

@@ -1,5 +1,5 @@
-"""The HTTP side's engine: it starts the engine core (:mod:`.core`) in its own process (or a thread) and hands
-each request's output to the asyncio task serving it.
+"""The HTTP side's engine: it starts the engine cores (:mod:`.core`) in their own processes (or one on a thread)
+and hands each request's output to the asyncio task serving it.
 
 * **The core's place.** On a CPU the core runs in a child process forked when the app starts (vLLM's
   API-server / EngineCore split): the model's Python work and the HTTP side's (parsing, detokenising,
@@ -7,6 +7,11 @@ each request's output to the asyncio task serving it.
   stream's chunks are not held up behind a forward. Where a fork is unsafe (CUDA) or when asked, it runs on a
   thread of this process. Either way the two sides share no objects: they exchange messages over a
   :mod:`.channel`, and the core works on its own copy of each request.
+* **Data parallelism.** Several cores (processes only; by default one per CPU), as vLLM's
+  ``--data-parallel-size``: each has its own scheduler, caches and share of the running rows, and takes the
+  requests sent to it. A request goes to the core with the fewest in flight for its share, the first of
+  equals, so that a light load stays on the first core and its CPU. On a CPU a small model's step is mostly
+  one core's Python and kernel work: two cores running half the rows each are faster than one running all.
 * **Admission.** Checked here, synchronously, so that a refused request gets its 400 or 429 before any
   response starts: the request limits, and the bound on requests in flight (``max_running +
   max_waiting``, the scheduler's own bound).
@@ -24,6 +29,7 @@ each request's output to the asyncio task serving it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import multiprocessing
 import os
@@ -60,15 +66,17 @@ class Handle:
         return await self.queue.get()
 
 
-def plan_cpus(binding: str) -> tuple[set[int], set[int]] | None:
-    """``binding`` "auto": the engine core on one CPU and the HTTP side on the others, as vLLM's CPU build binds
-    its worker to a core and leaves the rest to its API server (None: fewer than 2 CPUs, or "none")."""
+def plan_cpus(binding: str, cores: int = 1) -> tuple[list[set[int]], set[int]] | None:
+    """``binding`` "auto": engine core i on CPU i (wrapping round), the HTTP side on every CPU but the first, as
+    vLLM's CPU build binds its workers to cores and leaves the rest to its API server. The first core takes the
+    requests when the load is light (see :meth:`Engine.submit`), so the HTTP side then has a CPU of its own.
+    None: fewer than 2 CPUs, or "none"."""
     if binding != "auto" or not hasattr(os, "sched_getaffinity"):
         return None
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
         return None
-    return {allowed[0]}, set(allowed[1:])
+    return [{allowed[i % len(allowed)]} for i in range(max(1, cores))], set(allowed[1:])
 
 
 def fork_ok(device) -> bool:
@@ -76,73 +84,132 @@ def fork_ok(device) -> bool:
     return hasattr(os, "fork") and getattr(device, "type", "cpu") == "cpu"
 
 
-class Engine:
-    """Runs ``make_scheduler(hooks)`` in the engine core and serves its outputs to the running event loop.
+def auto_cores(process: bool) -> int:
+    """Engine cores by default: one per CPU this process may use where they can be processes, else 1 (measured:
+    docs/serving.md, "Data parallelism")."""
+    if not process or not hasattr(os, "sched_getaffinity"):
+        return 1
+    return max(1, len(os.sched_getaffinity(0)))
 
-    ``process``: the core in a child process (True), on a thread (False). ``max_in_flight``: requests
-    running and waiting at most (more: QueueFull). ``observer``: the metrics (speclab.serve.prom), called on
-    the event loop."""
+
+def core_share(total: int, cores: int, core: int) -> int:
+    """Core ``core``'s share of ``total`` running rows split over ``cores`` (the first ones take the remainder)."""
+    return total // cores + (core < total % cores)
+
+
+class _Core:
+    """One engine core as this side sees it: its worker, its channel, its latest counts, its requests."""
+
+    __slots__ = ("index", "rows", "worker", "channel", "running", "waiting", "in_flight", "submitted")
+
+    def __init__(self, index: int, rows: int):
+        self.index = index
+        self.rows = rows  # its share of the running rows
+        self.worker: multiprocessing.Process | threading.Thread | None = None
+        self.channel: LoopChannel | None = None
+        self.running = self.waiting = 0  # as the core last reported
+        self.in_flight = 0  # requests sent to it and not yet ended, counted here (its reports lag)
+        self.submitted = 0  # requests sent to it in all
+
+
+class Engine:
+    """Runs ``make_scheduler(hooks, core=i)`` in ``cores`` engine cores and serves their outputs to the running
+    event loop.
+
+    ``process``: the cores in child processes (True), or one core on a thread (False). ``cores`` > 1 (processes
+    only) is data parallelism, as vLLM's ``--data-parallel-size``: each core has its own scheduler and its own
+    copy of the model's caches and runs its share of ``max_running`` rows (:func:`core_share`), and each request
+    goes to the core with the fewest requests in flight for its share.
+    ``max_in_flight``: requests running and waiting at most, over all cores (more: QueueFull). ``observer``:
+    the metrics (speclab.serve.prom), called on the event loop."""
 
     def __init__(self, make_scheduler: Callable, observer=None, *, process: bool = True, max_in_flight: int = 320,
-                 threads: int | None = None, cpus: tuple[set[int], set[int]] | None = None):
+                 threads: int | None = None, cpus: tuple[list[set[int]], set[int]] | None = None, cores: int = 1,
+                 max_running: int = 64):
+        if cores > 1 and not process:
+            raise ValueError("several engine cores need engine processes")
         self._make = make_scheduler
         self.observer = observer
         self.process = process
         self.max_in_flight = max_in_flight
         self.threads = threads
-        self.cpus = cpus if process else None  # (engine core's CPUs, this process's), see plan_cpus
+        self.cpus = cpus if process else None  # (each engine core's CPUs, this process's), see plan_cpus
         self.handles: dict[str, Handle] = {}
-        self.running = self.waiting = 0  # as the core last reported
-        self.channel: LoopChannel | None = None
-        self.worker: multiprocessing.Process | threading.Thread | None = None
+        cores = max(1, cores)
+        self.cores = [_Core(i, max(1, core_share(max_running, cores, i))) for i in range(cores)]
+        self._where: dict[str, _Core] = {}  # request id -> the core serving it
         self._dead = False
+
+    @property
+    def workers(self) -> list:
+        return [c.worker for c in self.cores]
+
+    @property
+    def running(self) -> int:
+        return sum(c.running for c in self.cores)
+
+    @property
+    def waiting(self) -> int:
+        return sum(c.waiting for c in self.cores)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Start the core (from the event loop that will serve the requests)."""
-        ours, theirs = socket.socketpair()
-        if self.process:
-            ctx = multiprocessing.get_context("fork")
-            self.worker = ctx.Process(target=_core_process, args=(self._make, theirs, ours, self.threads,
-                                                                  self.cpus[0] if self.cpus else None),
-                                      name="speclab-engine", daemon=True)
-            self.worker.start()
-            theirs.close()
-            if self.cpus:
-                os.sched_setaffinity(0, self.cpus[1])
-        else:
-            self.worker = threading.Thread(target=run_core, args=(self._make, theirs), kwargs={"own_process": False},
-                                           name="speclab-engine", daemon=True)
-            self.worker.start()
-        ours.setblocking(False)
-        self.channel = await LoopChannel.open(ours, self._on_messages, self._on_lost)
+        """Start the cores (from the event loop that will serve the requests)."""
+        for core in self.cores:
+            ours, theirs = socket.socketpair()
+            if self.process:
+                ctx = multiprocessing.get_context("fork")
+                make = functools.partial(self._make, core=core.index)
+                core.worker = ctx.Process(target=_core_process, args=(make, theirs, ours, self.threads,
+                                                                      self.cpus[0][core.index] if self.cpus else None),
+                                          name=f"speclab-engine-{core.index}", daemon=True)
+                core.worker.start()
+                theirs.close()
+            else:
+                core.worker = threading.Thread(target=run_core, args=(functools.partial(self._make, core=0), theirs),
+                                               kwargs={"own_process": False}, name="speclab-engine", daemon=True)
+                core.worker.start()
+            ours.setblocking(False)
+            core.channel = await LoopChannel.open(ours, functools.partial(self._on_messages, core),
+                                                  functools.partial(self._on_lost, core))
+        if self.process and self.cpus:
+            os.sched_setaffinity(0, self.cpus[1])
 
     @property
     def alive(self) -> bool:
-        return self.worker is not None and self.worker.is_alive() and not self._dead
+        return not self._dead and all(c.worker is not None and c.worker.is_alive() for c in self.cores)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the core after its current step (the server has drained by then); blocks: call it off the loop."""
-        if self.worker is None:
-            return
-        self.worker.join(timeout)
-        if self.process and self.worker.is_alive():
-            self.worker.terminate()
-            self.worker.join(5)
+        """Stop the cores after their current step (the server has drained by then); blocks: call it off the loop."""
+        deadline = time.monotonic() + timeout
+        for core in self.cores:
+            if core.worker is None:
+                continue
+            core.worker.join(max(0.0, deadline - time.monotonic()))
+            if self.process and core.worker.is_alive():
+                core.worker.terminate()
+                core.worker.join(5)
 
     def request_stop(self) -> None:
-        if self.channel is not None:
-            self.channel.send((STOP,))
+        for core in self.cores:
+            if core.channel is not None:
+                core.channel.send((STOP,))
 
     # ------------------------------------------------------------------ requests (on the event loop)
     def submit(self, req: Request, stream: bool) -> Handle:
-        """Send ``req`` to the core; QueueFull when the bound on requests in flight is reached."""
+        """Send ``req`` to the core with the fewest requests in flight for its share of the rows (the first of
+        equals, so a light load stays on the first core); QueueFull when the bound on requests in flight is
+        reached."""
         if len(self.handles) >= self.max_in_flight:
             raise QueueFull(f"the queue is full ({self.running} running, {self.waiting} waiting; at most "
                             f"{self.max_in_flight} in flight)")
         h = Handle(req, stream)
         self.handles[req.request_id] = h
-        if self.channel is None or not self.channel.send((SUBMIT, req)):
+        core = min(self.cores, key=lambda c: c.in_flight / c.rows)
+        self._where[req.request_id] = core
+        core.in_flight += 1
+        core.submitted += 1
+        if self._dead or core.channel is None or not core.channel.send((SUBMIT, req)):
             self._end(h, error="the engine is not running")
         return h
 
@@ -151,17 +218,18 @@ class Engine:
         if h.done or h.cancelled:
             return
         h.cancelled = True
-        if self.channel is not None:
-            self.channel.send((CANCEL, h.req.request_id))
+        core = self._where.get(h.req.request_id)
+        if core is not None and core.channel is not None:
+            core.channel.send((CANCEL, h.req.request_id))
 
     def counts(self) -> tuple[int, int]:
-        """(running, waiting), as of the core's latest report."""
+        """(running, waiting) over the cores, as of their latest reports."""
         return self.running, self.waiting
 
     # ------------------------------------------------------------------ what the core sends
-    def _on_messages(self, msgs: list) -> None:
+    def _on_messages(self, core: _Core, msgs: list) -> None:
         now = time.perf_counter()
-        for items, self.running, self.waiting in msgs:
+        for items, core.running, core.waiting in msgs:
             for item in items:
                 kind = item[0]
                 if kind == ROUND:
@@ -200,6 +268,9 @@ class Engine:
     def _end(self, h: Handle, new: list[int] | None = None, error: str | None = None) -> None:
         h.done = True
         self.handles.pop(h.req.request_id, None)
+        core = self._where.pop(h.req.request_id, None)
+        if core is not None:
+            core.in_flight -= 1
         req = h.req
         if error is not None:
             h.status = "error"
@@ -210,12 +281,16 @@ class Engine:
             h.queue.put_nowait((FINAL, new or [], req))
         self._observe("finished", req, h.status)
 
-    def _on_lost(self) -> None:
-        """The core's end closed: it stopped, or died."""
+    def _on_lost(self, core: _Core) -> None:
+        """A core's end closed: it stopped, or died. Its requests fail; the others' go on, and new ones are
+        refused (``alive`` turns False: /health says 503)."""
         self._dead = True
-        for h in list(self.handles.values()):
-            self._end(h, error=STOPPED if self.worker is None or not self.worker.is_alive() else
-                      "the engine stopped")
+        core.channel = None
+        for rid, where in list(self._where.items()):
+            h = self.handles.get(rid)
+            if where is core and h is not None:
+                self._end(h, error=STOPPED if core.worker is None or not core.worker.is_alive() else
+                          "the engine stopped")
 
     def _observe(self, what: str, *args) -> None:
         """A metrics failure is logged, never allowed to fail the requests."""
