@@ -455,7 +455,7 @@ def test_scrape_plain_server_and_sglang_gauges():
 
 
 def test_bench_serve_crossover_saturation_identity():
-    from speclab.analysis.bench_serve import crossover, doubling, identity, saturated
+    from speclab.analysis.bench_serve import crossover, doubling, identity, median_rep, saturated
 
     def rows(wl, plain, spec):
         pairs = (("speclab plain", plain), ("speclab speculative", spec))
@@ -475,6 +475,9 @@ def test_bench_serve_crossover_saturation_identity():
     ident = identity({"a": {"p1": {"x"}, "p2": {"y"}}, "b": {"p1": {"x", "z"}, "p3": {"w"}}}, {"p1": "x", "p2": "y"})
     assert ident["servers"]["a"] == {"prompts_checked": 2, "identical": 2, "mismatches": []}
     assert ident["servers"]["b"]["identical"] == 0 and ident["servers"]["b"]["prompts_checked"] == 1
+    reps = [({"tok_s": t}, {"n": i}) for i, t in enumerate((300.0, None, 250.0, 410.0, 280.0))]
+    assert median_rep(reps)[1] == {"n": 4}  # 0 (failed), 250, [280], 300, 410
+    assert median_rep(reps[:2])[1] == {"n": 1} and median_rep(reps[:1])[1] == {"n": 0}
 
 
 # ---------------------------------------------------------------- the client against a misbehaving server
@@ -764,9 +767,12 @@ def test_bench_serve_small(tmp_path, capsys):
         pytest.skip("family weights not present")
     out = tmp_path / "bench.json"
     rc = main(["bench", "--serve", "--workload", "json", "--concurrency", "1,2", "--requests", "3",
-               "--max-new-tokens", "16", "--quiet", "--json", str(out)])
+               "--max-new-tokens", "16", "--reps", "2", "--quiet", "--json", str(out)])
     assert rc == 0
     res = _json.loads(out.read_text())
+    assert res["reps"] == 2
+    for r in res["rows"]:  # each cell: both repetitions listed, the kept one is one of them (the lower median)
+        assert len(r["tok_s_reps"]) == 2 and r["tok_s"] == min(r["tok_s_reps"])
     assert {(r["server"], r["concurrency"]) for r in res["rows"]} == {
         (s, c) for s in ("speclab plain", "speclab speculative") for c in (1, 2)}
     assert all(r["failed"] == 0 and r["tok_s"] > 0 for r in res["rows"])

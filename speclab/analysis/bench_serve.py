@@ -117,6 +117,13 @@ def _row(server: str, workload: str, c: int, level: dict) -> dict:
                 "mean_acceptance_length")}
 
 
+def median_rep(measured: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+    """Of one cell's repetitions ``(row, summary)``, the one whose tokens/s is the median (the lower of the two
+    middle ones for an even count; a failed level's None counts as 0)."""
+    order = sorted(measured, key=lambda m: m[0]["tok_s"] or 0.0)
+    return order[(len(order) - 1) // 2]
+
+
 def format_table(rows: list[dict], servers: list[str]) -> str:
     lines = []
     for wl in dict.fromkeys(r["workload"] for r in rows):
@@ -212,6 +219,7 @@ def run_serve_bench(args) -> int:
     spec = speculative_config_for(args)
     quiet = args.quiet
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    reps = max(1, args.reps or 1)
 
     def n_requests(c):
         if args.requests:
@@ -235,6 +243,7 @@ def run_serve_bench(args) -> int:
     levels_by_wl: dict[str, list[int]] = {}
 
     def measure(server_name, url, wl, c, warm, model=None):
+        """One load level on one server: (row, level summary without the per-request records)."""
         ep = Endpoint(url, model=model, max_tokens=max_tokens, temperature=0.0, timeout=300.0)
         ls = LoadSpec(levels=concurrency_levels(str(c)), prompts=prompts_by_wl[wl], num_requests=n_requests(c),
                       seed=args.seed, warmup=1 if warm else 0, quiet=True, tokenizer=target)
@@ -245,71 +254,82 @@ def run_serve_bench(args) -> int:
                 outputs.setdefault(server_name, {}).setdefault(r["prompt_id"], set()).add(r["text"])
         for p in prompts_by_wl[wl]:
             texts_of[p.id] = p.prompt
-        results.setdefault(server_name, {}).setdefault(wl, {})[c] = {k: v for k, v in level.items() if k != "requests"}
-        row = _row(server_name, wl, c, level)
+        return _row(server_name, wl, c, level), {k: v for k, v in level.items() if k != "requests"}
+
+    def keep(server_name, wl, c, measured):
+        """The repetition with the median tokens/s stands for the cell (all of them listed in its row)."""
+        row, summary = median_rep(measured)
+        row["tok_s_reps"] = [m[0]["tok_s"] for m in measured]
         rows.append(row)
+        results.setdefault(server_name, {}).setdefault(wl, {})[c] = summary
+        reps_note = f"  (reps {', '.join(num(t) for t in row['tok_s_reps'])})" if len(measured) > 1 else ""
         log(f"  {server_name:<26} {wl:<10} c={c:<3} {num(row['tok_s']):>7} tok/s  "
             f"TPOT {num(row['tpot_mean_ms'], '.2f')}"
-            f" ms  {row['pacing']}{'  ' + str(row['failed']) + ' failed' if row['failed'] else ''}")
+            f" ms  {row['pacing']}{'  ' + str(row['failed']) + ' failed' if row['failed'] else ''}{reps_note}")
         return row
 
     t_start = time.perf_counter()
     log(f"speclab bench --serve: target {target}, speculative {json.dumps(spec)}, workloads {','.join(workloads)}, "
-        f"max_tokens {max_tokens}, concurrency {fixed or f'1,2,4,... up to {max_c} until plain saturates'}")
-    plain_srv = spec_srv = None
+        f"max_tokens {max_tokens}, concurrency {fixed or f'1,2,4,... up to {max_c} until plain saturates'}, "
+        f"{reps} interleaved repetition(s)")
+    servers = ["speclab plain", "speclab speculative"]
+    vllm_notes = []
+    up: list[tuple[str, object, str | None]] = []  # (name, server, model name to send)
     try:
-        plain_srv = speclab_serve(target, "none", threads=args.threads or 1)
-        spec_srv = speclab_serve(target, spec, policy=args.spec_policy, threads=args.threads or 1)
-        log(f"servers up (plain {plain_srv.started_s:.0f} s, speculative {spec_srv.started_s:.0f} s)")
+        # every server is up before the first request, and each level runs on each in turn (the order rotating),
+        # so that the machine's drifts over minutes hit all of them alike
+        up.append(("speclab plain", speclab_serve(target, "none", threads=args.threads or 1), None))
+        up.append(("speclab speculative", speclab_serve(target, spec, policy=args.spec_policy,
+                                                        threads=args.threads or 1), None))
+        log(f"speclab servers up (plain {up[0][1].started_s:.0f} s, speculative {up[1][1].started_s:.0f} s)")
+        if peer is not None:
+            from ..family import resolve
+
+            model_dir = str(resolve(target) or target)
+            vspec, why = _vllm_spec(spec)
+            for name, sc in (("vllm plain", None), ("vllm speculative", vspec)):
+                if name == "vllm speculative" and vspec is None:
+                    vllm_notes.append(f"vllm speculative skipped: {why}")
+                    continue
+                log(f"starting {name} from {peer} (about 1-3 minutes) ...")
+                try:
+                    srv = vllm_serve(peer, model_dir, sc)
+                except SpeclabError as e:
+                    vllm_notes.append(f"{name} failed: {e}")
+                    print(f"speclab bench --serve: {name} failed: {e}")
+                    continue
+                up.append((name, srv, model_dir))
+                servers.append(name)
+                log(f"{name} up after {srv.started_s:.0f} s")
         for wl in workloads:
             prev = None
             done = []
             for i, c in enumerate(fixed or doubling(max_c)):
-                p = measure("speclab plain", plain_srv.url, wl, c, warm=i == 0)
-                measure("speclab speculative", spec_srv.url, wl, c, warm=i == 0)
+                measured: dict[str, list] = {name: [] for name, _, _ in up}
+                for rep in range(reps):
+                    shift = (i + rep) % len(up)
+                    for name, srv, model in up[shift:] + up[:shift]:
+                        measured[name].append(measure(name, srv.url, wl, c, warm=i == 0 and rep == 0, model=model))
+                kept = {name: keep(name, wl, c, m) for name, m in measured.items()}
                 done.append(c)
+                p = kept["speclab plain"]
                 if fixed is None and saturated(prev, p["tok_s"]):
                     log(f"  plain decoding saturated on {wl} at concurrency {c}")
                     break
                 prev = p["tok_s"]
             levels_by_wl[wl] = done
     finally:
-        for srv in (plain_srv, spec_srv):
-            if srv is not None:
-                srv.stop()
-    servers = ["speclab plain", "speclab speculative"]
-    vllm_notes = []
-    if peer is not None:
-        from ..family import resolve
-
-        model_dir = resolve(target) or target
-        vspec, why = _vllm_spec(spec)
-        for name, sc in (("vllm plain", None), ("vllm speculative", vspec)):
-            if name == "vllm speculative" and vspec is None:
-                vllm_notes.append(f"vllm speculative skipped: {why}")
-                continue
-            log(f"starting {name} from {peer} (about 1-3 minutes) ...")
-            srv = None
-            try:
-                srv = vllm_serve(peer, str(model_dir), sc)
-                log(f"{name} up after {srv.started_s:.0f} s")
-                for wl in workloads:
-                    for i, c in enumerate(levels_by_wl[wl]):
-                        measure(name, srv.url, wl, c, warm=i == 0, model=str(model_dir))
-                servers.append(name)
-            except SpeclabError as e:
-                vllm_notes.append(f"{name} failed: {e}")
-                print(f"speclab bench --serve: {name} failed: {e}")
-            finally:
-                if srv is not None:
-                    srv.stop()
+        for _, srv, _ in up:
+            srv.stop()
     log("solo greedy generation of every prompt sent (the identity oracle) ...")
     solo, solo_speed = _solo_outputs(target, {pid: texts_of[pid] for srv in outputs.values() for pid in srv},
                                      max_tokens, args.threads)
     ident = identity(outputs, solo)
     cross = crossover(rows)
     result = {"target": target, "speculative_config": spec, "spec_policy": args.spec_policy, "workloads": workloads,
-              "max_tokens": max_tokens, "levels": levels_by_wl, "rows": rows, "crossover": cross,
+              "max_tokens": max_tokens, "reps": reps,
+              "requests_per_level": {c: n_requests(c) for cs in levels_by_wl.values() for c in cs},
+              "levels": levels_by_wl, "rows": rows, "crossover": cross,
               "identity": ident, "solo_generate": solo_speed, "vllm_notes": vllm_notes,
               "wall_s": time.perf_counter() - t_start, "load_results": results}
     if "vllm plain" in servers:
