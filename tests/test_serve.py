@@ -831,3 +831,19 @@ def test_served_connections_send_small_chunks_at_once():
         return nodelay
 
     assert asyncio.run(main()) != 0
+
+
+def test_core_shares_and_cpu_plan():
+    """--max-num-seqs split over the engine cores (the first take the remainder); auto binding binds one engine
+    core and leaves several to the OS."""
+    from speclab.serve.runner import auto_cores, core_share, plan_cpus
+
+    assert [core_share(64, 2, i) for i in range(2)] == [32, 32]
+    assert [core_share(5, 3, i) for i in range(3)] == [2, 2, 1] and sum(core_share(7, 4, i) for i in range(4)) == 7
+    assert auto_cores(False) == 1 and auto_cores(True) == len(os.sched_getaffinity(0))
+    assert plan_cpus("none", 1) is None and plan_cpus("auto", 2) is None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) >= 2:
+        assert plan_cpus("auto", 1) == ([{allowed[0]}], set(allowed[1:]))
+    else:
+        assert plan_cpus("auto", 1) is None

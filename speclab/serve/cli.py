@@ -56,9 +56,9 @@ def add_commands(sub) -> None:
                    "goes to the core with the fewest in flight (the first when idle). auto (default): one per CPU this "
                    "process may use, with engine processes on a CPU; else 1")
     p.add_argument("--cpu-binding", choices=("auto", "none"), default="auto",
-                   help="auto (default): with an engine process and at least 2 CPUs, bind the engine core to the first "
-                   "CPU and the HTTP side to the others, as vLLM's CPU build binds its worker to a core (measured: "
-                   "less CPU per token); none: the OS places both")
+                   help="auto (default): with one engine process and at least 2 CPUs, bind it to the first CPU and the "
+                   "HTTP side to the others, as vLLM's CPU build binds its worker to a core (measured: less CPU per "
+                   "token); with several engine cores, or none: the OS places every process")
     p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug",
                                                                    "trace"])
     p.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request")

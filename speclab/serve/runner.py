@@ -67,16 +67,17 @@ class Handle:
 
 
 def plan_cpus(binding: str, cores: int = 1) -> tuple[list[set[int]], set[int]] | None:
-    """``binding`` "auto": engine core i on CPU i (wrapping round), the HTTP side on every CPU but the first, as
-    vLLM's CPU build binds its workers to cores and leaves the rest to its API server. The first core takes the
-    requests when the load is light (see :meth:`Engine.submit`), so the HTTP side then has a CPU of its own.
-    None: fewer than 2 CPUs, or "none"."""
-    if binding != "auto" or not hasattr(os, "sched_getaffinity"):
+    """``binding`` "auto" with one engine core: the core on the first CPU and the HTTP side on the others, as
+    vLLM's CPU build binds its worker to a core and leaves the rest to its API server. None (the OS places every
+    process): several engine cores (bound, the HTTP side and the load shared one core's CPU with an engine and
+    made it the laggard; unbound measured 1.08-1.10x tokens/s at concurrency 1 and 32, docs/serving.md), fewer
+    than 2 CPUs, or "none"."""
+    if binding != "auto" or cores > 1 or not hasattr(os, "sched_getaffinity"):
         return None
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
         return None
-    return [{allowed[i % len(allowed)]} for i in range(max(1, cores))], set(allowed[1:])
+    return [{allowed[0]}], set(allowed[1:])
 
 
 def fork_ok(device) -> bool:
