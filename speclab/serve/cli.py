@@ -141,7 +141,7 @@ def cmd_serve(args) -> int:
         raise
     host, port = sock.getsockname()[:2]
     print(f"speclab serve: model {target.name} served as '{served}' · speculation: {spec.describe()} · policy "
-          f"{policy.name} · up to {max_seqs} running, {max_wait} waiting · context {server.info.context} · engine "
+          f"{policy.name} · up to {max_seqs} running, {max_wait} waiting · context {server.info.context} · "
           f"{engine_where(server.engine)} · http://{host}:{port}/v1", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
                             lifespan="on", timeout_graceful_shutdown=None)
