@@ -455,7 +455,7 @@ def test_scrape_plain_server_and_sglang_gauges():
 
 
 def test_bench_serve_crossover_saturation_identity():
-    from speclab.analysis.bench_serve import crossover, doubling, identity, median_rep, saturated
+    from speclab.analysis.bench_serve import crossover, doubling, identity, median_rep, overhead_ratios, saturated
 
     def rows(wl, plain, spec):
         pairs = (("speclab plain", plain), ("speclab speculative", spec))
@@ -475,6 +475,8 @@ def test_bench_serve_crossover_saturation_identity():
     ident = identity({"a": {"p1": {"x"}, "p2": {"y"}}, "b": {"p1": {"x", "z"}, "p3": {"w"}}}, {"p1": "x", "p2": "y"})
     assert ident["servers"]["a"] == {"prompts_checked": 2, "identical": 2, "mismatches": []}
     assert ident["servers"]["b"]["identical"] == 0 and ident["servers"]["b"]["prompts_checked"] == 1
+    assert overhead_ratios([(180.0, 200.0), (None, 200.0), (210.0, 200.0), (190.0, 200.0)]) == \
+        {"ratios": [0.9, 1.05, 0.95], "median": 0.95}
     reps = [({"tok_s": t}, {"n": i}) for i, t in enumerate((300.0, None, 250.0, 410.0, 280.0))]
     assert median_rep(reps)[1] == {"n": 4}  # 0 (failed), 250, [280], 300, 410
     assert median_rep(reps[:2])[1] == {"n": 1} and median_rep(reps[:1])[1] == {"n": 0}
@@ -773,6 +775,8 @@ def test_bench_serve_small(tmp_path, capsys):
     assert res["reps"] == 2
     for r in res["rows"]:  # each cell: both repetitions listed, the kept one is one of them (the lower median)
         assert len(r["tok_s_reps"]) == 2 and r["tok_s"] == min(r["tok_s_reps"])
+    ov = res["server_overhead"]  # one served/solo pair per repetition at concurrency 1, measured back to back
+    assert len(ov["ratios"]) == 2 and all(x > 0 for x in ov["ratios"]) and min(ov["ratios"]) <= ov["median"]
     assert {(r["server"], r["concurrency"]) for r in res["rows"]} == {
         (s, c) for s in ("speclab plain", "speclab speculative") for c in (1, 2)}
     assert all(r["failed"] == 0 and r["tok_s"] > 0 for r in res["rows"])
@@ -783,6 +787,7 @@ def test_bench_serve_small(tmp_path, capsys):
     assert set(res["crossover"]["json"]["speedup"]) == {"1", "2"}
     text = capsys.readouterr().out
     assert "greedy identity, speclab speculative: " in text and "workload json" in text
+    assert "server overhead: plain at concurrency 1 over solo generate -k 0" in text
 
 
 # ---------------------------------------------------------------- against real vLLM (its CPU build)

@@ -15,6 +15,7 @@ server output equals the solo ``speclab generate -k 0`` output of the same promp
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -183,30 +184,43 @@ def _vllm_spec(spec: dict) -> tuple[dict | None, str | None]:
     return None, f"vLLM has no equivalent of method {spec['method']!r}"
 
 
-def _solo_outputs(target_name: str, prompts: dict, max_tokens: int, threads: int | None) -> tuple[dict, dict]:
-    """Greedy solo generation (what ``speclab generate -k 0`` does) of each prompt, and its tokens/s."""
-    from ..defaults import setup_threads
-    from ..engine import SpeculativeDecoder
-    from ..models import load_model
+class SoloDecoder:
+    """Greedy solo generation (what ``speclab generate -k 0`` does) in this process: the identity oracle and the
+    baseline the server's overhead is measured against."""
 
-    target = load_model(target_name, device="cpu", role="target")
-    setup_threads(threads, target)
-    dec = SpeculativeDecoder(target, None)
-    dec.generate(["warm up"], k=0, max_new_tokens=4, record=False)
-    texts, tokens, wall = {}, 0, 0.0
-    for pid, text in prompts.items():
-        t0 = time.perf_counter()
-        res = dec.generate([text], k=0, max_new_tokens=max_tokens, temperature=0.0)
-        wall += time.perf_counter() - t0
-        texts[pid] = res.texts[0]
-        tokens += res.output_tokens[0] if isinstance(res.output_tokens[0], int) else len(res.output_tokens[0])
-    return texts, {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall else None}
+    def __init__(self, target_name: str, threads: int | None):
+        from ..defaults import setup_threads
+        from ..engine import SpeculativeDecoder
+        from ..models import load_model
+
+        target = load_model(target_name, device="cpu", role="target")
+        setup_threads(threads, target)
+        self.dec = SpeculativeDecoder(target, None)
+        self.dec.generate(["warm up"], k=0, max_new_tokens=4, record=False)
+
+    def run(self, texts: list[str], max_tokens: int) -> tuple[list[str], dict]:
+        """Each text alone, one after another: (outputs, {"tokens", "wall_s", "tok_s"})."""
+        outs, tokens, wall = [], 0, 0.0
+        for text in texts:
+            t0 = time.perf_counter()
+            res = self.dec.generate([text], k=0, max_new_tokens=max_tokens, temperature=0.0)
+            wall += time.perf_counter() - t0
+            outs.append(res.texts[0])
+            tokens += res.output_tokens[0] if isinstance(res.output_tokens[0], int) else len(res.output_tokens[0])
+        return outs, {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall else None}
+
+
+def overhead_ratios(pairs: list[tuple[float | None, float | None]]) -> dict:
+    """The server's plain tokens/s at concurrency 1 over solo generation's, from ``(served, solo)`` pairs each
+    measured back to back on the same prompts: every ratio and their median."""
+    ratios = [a / b for a, b in pairs if a and b]
+    return {"ratios": ratios, "median": statistics.median(ratios) if ratios else None}
 
 
 def run_serve_bench(args) -> int:
     from ..defaults import default_target
     from ..load import Endpoint, LoadSpec, concurrency_levels, run
-    from ..load.prompts import load_prompts
+    from ..load.prompts import load_prompts, request_order
     from ..load.servers import speclab_serve, vllm_serve, vllm_venv
     from ..workloads import workload_names
 
@@ -241,6 +255,13 @@ def run_serve_bench(args) -> int:
     outputs: dict[str, dict[str, set]] = {}
     texts_of: dict[str, str] = {}
     levels_by_wl: dict[str, list[int]] = {}
+    overhead_pairs: list[tuple] = []  # (served plain tok/s at concurrency 1, solo tok/s), back to back
+    solo_box: list[SoloDecoder] = []
+
+    def solo_decoder() -> SoloDecoder:
+        if not solo_box:
+            solo_box.append(SoloDecoder(target, args.threads))
+        return solo_box[0]
 
     def measure(server_name, url, wl, c, warm, model=None):
         """One load level on one server: (row, level summary without the per-request records)."""
@@ -310,6 +331,11 @@ def run_serve_bench(args) -> int:
                     shift = (i + rep) % len(up)
                     for name, srv, model in up[shift:] + up[:shift]:
                         measured[name].append(measure(name, srv.url, wl, c, warm=i == 0 and rep == 0, model=model))
+                    if c == 1:  # the server's overhead: solo generation of the same prompts, right after
+                        order = request_order(prompts_by_wl[wl], args.seed)
+                        texts = [order[j % len(order)].prompt for j in range(n_requests(1))]
+                        overhead_pairs.append((measured["speclab plain"][-1][0]["tok_s"],
+                                               solo_decoder().run(texts, max_tokens)[1]["tok_s"]))
                 kept = {name: keep(name, wl, c, m) for name, m in measured.items()}
                 done.append(c)
                 p = kept["speclab plain"]
@@ -322,15 +348,17 @@ def run_serve_bench(args) -> int:
         for _, srv, _ in up:
             srv.stop()
     log("solo greedy generation of every prompt sent (the identity oracle) ...")
-    solo, solo_speed = _solo_outputs(target, {pid: texts_of[pid] for srv in outputs.values() for pid in srv},
-                                     max_tokens, args.threads)
+    solo_ids = list(dict.fromkeys(pid for srv in outputs.values() for pid in srv))
+    solo_texts, solo_speed = solo_decoder().run([texts_of[pid] for pid in solo_ids], max_tokens)
+    solo = dict(zip(solo_ids, solo_texts))
     ident = identity(outputs, solo)
     cross = crossover(rows)
     result = {"target": target, "speculative_config": spec, "spec_policy": args.spec_policy, "workloads": workloads,
               "max_tokens": max_tokens, "reps": reps,
               "requests_per_level": {c: n_requests(c) for cs in levels_by_wl.values() for c in cs},
               "levels": levels_by_wl, "rows": rows, "crossover": cross,
-              "identity": ident, "solo_generate": solo_speed, "vllm_notes": vllm_notes,
+              "identity": ident, "solo_generate": solo_speed, "server_overhead": overhead_ratios(overhead_pairs),
+              "vllm_notes": vllm_notes,
               "wall_s": time.perf_counter() - t_start, "load_results": results}
     if "vllm plain" in servers:
         result["crossover_vllm"] = crossover(rows, "vllm plain", "vllm speculative")
@@ -342,11 +370,10 @@ def run_serve_bench(args) -> int:
             print(f"{who} {wl}: " + (f"speculation stops paying at concurrency {at}" if at is not None else
                                      f"speculation pays at every level measured (up to concurrency "
                                      f"{cx['highest_measured']})") + f"   (speculative / plain tokens/s: {sp})")
-    c1 = [r for r in rows if r["server"] == "speclab plain" and r["concurrency"] == 1 and r["tok_s"]]
-    if c1 and solo_speed["tok_s"]:
-        mean_c1 = sum(r["tok_s"] for r in c1) / len(c1)
-        print(f"server overhead: plain at concurrency 1 gives {mean_c1:.1f} tok/s, solo generate -k 0 "
-              f"{solo_speed['tok_s']:.1f} tok/s on the same prompts ({mean_c1 / solo_speed['tok_s']:.2f}x)")
+    ov = result["server_overhead"]
+    if ov["median"] is not None:
+        print(f"server overhead: plain at concurrency 1 over solo generate -k 0 on the same prompts, measured back to "
+              f"back: {ov['median']:.2f}x (median of {', '.join(f'{x:.2f}' for x in ov['ratios'])})")
     for server, d in ident["servers"].items():
         print(f"greedy identity, {server}: {d['identical']} of {d['prompts_checked']} prompts identical to solo "
               f"generation" + (f"; first mismatch {d['mismatches'][0]}" if d["mismatches"] else ""))
