@@ -780,8 +780,9 @@ def test_bench_serve_small(tmp_path, capsys):
     assert {(r["server"], r["concurrency"]) for r in res["rows"]} == {
         (s, c) for s in ("speclab plain", "speclab speculative") for c in (1, 2)}
     assert all(r["failed"] == 0 and r["tok_s"] > 0 for r in res["rows"])
-    assert {r["pacing"] for r in res["rows"] if r["server"] == "speclab plain"} == {"smooth"}
-    assert {r["pacing"] for r in res["rows"] if r["server"] == "speclab speculative"} == {"bursty"}
+    seen = [(r["server"], r["concurrency"], r["pacing"], r["tok_s_reps"]) for r in res["rows"]]
+    assert {r["pacing"] for r in res["rows"] if r["server"] == "speclab plain"} == {"smooth"}, seen
+    assert {r["pacing"] for r in res["rows"] if r["server"] == "speclab speculative"} == {"bursty"}, seen
     for d in res["identity"]["servers"].values():
         assert d["prompts_checked"] >= 3 and d["identical"] == d["prompts_checked"]
     assert set(res["crossover"]["json"]["speedup"]) == {"1", "2"}

@@ -14,6 +14,7 @@ server output equals the solo ``speclab generate -k 0`` output of the same promp
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -256,12 +257,10 @@ def run_serve_bench(args) -> int:
     texts_of: dict[str, str] = {}
     levels_by_wl: dict[str, list[int]] = {}
     overhead_pairs: list[tuple] = []  # (served plain tok/s at concurrency 1, solo tok/s), back to back
-    solo_box: list[SoloDecoder] = []
 
-    def solo_decoder() -> SoloDecoder:
-        if not solo_box:
-            solo_box.append(SoloDecoder(target, args.threads))
-        return solo_box[0]
+    @functools.cache
+    def solo_decoder() -> SoloDecoder:  # loaded once, when first needed
+        return SoloDecoder(target, args.threads)
 
     def measure(server_name, url, wl, c, warm, model=None):
         """One load level on one server: (row, level summary without the per-request records)."""
@@ -293,7 +292,6 @@ def run_serve_bench(args) -> int:
     log(f"speclab bench --serve: target {target}, speculative {json.dumps(spec)}, workloads {','.join(workloads)}, "
         f"max_tokens {max_tokens}, concurrency {fixed or f'1,2,4,... up to {max_c} until plain saturates'}, "
         f"{reps} interleaved repetition(s)")
-    servers = ["speclab plain", "speclab speculative"]
     vllm_notes = []
     up: list[tuple[str, object, str | None]] = []  # (name, server, model name to send)
     try:
@@ -320,20 +318,20 @@ def run_serve_bench(args) -> int:
                     print(f"speclab bench --serve: {name} failed: {e}")
                     continue
                 up.append((name, srv, model_dir))
-                servers.append(name)
                 log(f"{name} up after {srv.started_s:.0f} s")
         for wl in workloads:
             prev = None
             done = []
             for i, c in enumerate(fixed or doubling(max_c)):
                 measured: dict[str, list] = {name: [] for name, _, _ in up}
+                if c == 1:  # the prompts the level sends, in order: the solo baseline of the server's overhead
+                    order = request_order(prompts_by_wl[wl], args.seed)
+                    texts = [order[j % len(order)].prompt for j in range(n_requests(1))]
                 for rep in range(reps):
                     shift = (i + rep) % len(up)
                     for name, srv, model in up[shift:] + up[:shift]:
                         measured[name].append(measure(name, srv.url, wl, c, warm=i == 0 and rep == 0, model=model))
                     if c == 1:  # the server's overhead: solo generation of the same prompts, right after
-                        order = request_order(prompts_by_wl[wl], args.seed)
-                        texts = [order[j % len(order)].prompt for j in range(n_requests(1))]
                         overhead_pairs.append((measured["speclab plain"][-1][0]["tok_s"],
                                                solo_decoder().run(texts, max_tokens)[1]["tok_s"]))
                 kept = {name: keep(name, wl, c, m) for name, m in measured.items()}
@@ -347,6 +345,7 @@ def run_serve_bench(args) -> int:
     finally:
         for _, srv, _ in up:
             srv.stop()
+    servers = [name for name, _, _ in up]
     log("solo greedy generation of every prompt sent (the identity oracle) ...")
     solo_ids = list(dict.fromkeys(pid for srv in outputs.values() for pid in srv))
     solo_texts, solo_speed = solo_decoder().run([texts_of[pid] for pid in solo_ids], max_tokens)

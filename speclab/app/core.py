@@ -484,8 +484,8 @@ class StopGate:
     Gradio also keeps, in the page, the last control change that arrived while a run was going
     (``trigger_mode="always_last"``) and sends it as soon as the cancelled run's stream closes, that
     is, right after Stop. That run was asked for *before* Stop, so the gate refuses any run that begins
-    while a stop is waiting or within ``QUIET_S`` after it: it ends at once, with no update, and the
-    page keeps saying "stopped"."""
+    while a stop is waiting or within ``QUIET_S`` after it: it ends at once with an update that changes
+    nothing (see :meth:`guard`), and the page keeps saying "stopped"."""
 
     QUIET_S = 1.0
 

@@ -66,18 +66,18 @@ class Handle:
         return await self.queue.get()
 
 
-def plan_cpus(binding: str, cores: int = 1) -> tuple[list[set[int]], set[int]] | None:
-    """``binding`` "auto" with one engine core: the core on the first CPU and the HTTP side on the others, as
-    vLLM's CPU build binds its worker to a core and leaves the rest to its API server. None (the OS places every
-    process): several engine cores (bound, the HTTP side and the load shared one core's CPU with an engine and
-    made it the laggard; unbound measured 1.08-1.10x tokens/s at concurrency 1 and 32, docs/serving.md), fewer
-    than 2 CPUs, or "none"."""
+def plan_cpus(binding: str, cores: int = 1) -> tuple[set[int], set[int]] | None:
+    """``binding`` "auto" with one engine core: (the core's CPUs, the HTTP side's), the core on the first CPU and
+    the HTTP side on the others, as vLLM's CPU build binds its worker to a core and leaves the rest to its API
+    server. None (the OS places every process): several engine cores (bound, the HTTP side and the load shared
+    one core's CPU with an engine and made it the laggard; unbound measured 1.08-1.10x tokens/s at concurrency
+    1 and 32, docs/serving.md), fewer than 2 CPUs, or "none"."""
     if binding != "auto" or cores > 1 or not hasattr(os, "sched_getaffinity"):
         return None
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
         return None
-    return [{allowed[0]}], set(allowed[1:])
+    return {allowed[0]}, set(allowed[1:])
 
 
 def fork_ok(device) -> bool:
@@ -117,24 +117,23 @@ class Engine:
     """Runs ``make_scheduler(hooks, core=i)`` in ``cores`` engine cores and serves their outputs to the running
     event loop.
 
-    ``process``: the cores in child processes (True), or one core on a thread (False). ``cores`` > 1 (processes
-    only) is data parallelism, as vLLM's ``--data-parallel-size``: each core has its own scheduler and its own
-    copy of the model's caches and runs its share of ``max_running`` rows (:func:`core_share`), and each request
-    goes to the core with the fewest requests in flight for its share.
+    ``process``: the cores in child processes (True), or on threads of this process (False; the server runs
+    one: several would take turns at the interpreter lock). ``cores`` > 1 is data parallelism, as vLLM's
+    ``--data-parallel-size``: each core has its own scheduler and its own copy of the model's caches and runs
+    its share of ``max_running`` rows (:func:`core_share`), and each request goes to the core with the fewest
+    requests in flight for its share.
     ``max_in_flight``: requests running and waiting at most, over all cores (more: QueueFull). ``observer``:
     the metrics (speclab.serve.prom), called on the event loop."""
 
     def __init__(self, make_scheduler: Callable, observer=None, *, process: bool = True, max_in_flight: int = 320,
-                 threads: int | None = None, cpus: tuple[list[set[int]], set[int]] | None = None, cores: int = 1,
+                 threads: int | None = None, cpus: tuple[set[int], set[int]] | None = None, cores: int = 1,
                  max_running: int = 64):
-        if cores > 1 and not process:
-            raise ValueError("several engine cores need engine processes")
         self._make = make_scheduler
         self.observer = observer
         self.process = process
         self.max_in_flight = max_in_flight
         self.threads = threads
-        self.cpus = cpus if process else None  # (each engine core's CPUs, this process's), see plan_cpus
+        self.cpus = cpus if process else None  # (the one engine core's CPUs, this process's), see plan_cpus
         self.handles: dict[str, Handle] = {}
         cores = max(1, cores)
         self.cores = [_Core(i, max(1, core_share(max_running, cores, i))) for i in range(cores)]
@@ -158,17 +157,17 @@ class Engine:
         """Start the cores (from the event loop that will serve the requests)."""
         for core in self.cores:
             ours, theirs = socket.socketpair()
+            make = functools.partial(self._make, core=core.index)
             if self.process:
                 ctx = multiprocessing.get_context("fork")
-                make = functools.partial(self._make, core=core.index)
                 core.worker = ctx.Process(target=_core_process, args=(make, theirs, ours, self.threads,
-                                                                      self.cpus[0][core.index] if self.cpus else None),
+                                                                      self.cpus[0] if self.cpus else None),
                                           name=f"speclab-engine-{core.index}", daemon=True)
                 core.worker.start()
                 theirs.close()
             else:
-                core.worker = threading.Thread(target=run_core, args=(functools.partial(self._make, core=0), theirs),
-                                               kwargs={"own_process": False}, name="speclab-engine", daemon=True)
+                core.worker = threading.Thread(target=run_core, args=(make, theirs), kwargs={"own_process": False},
+                                               name=f"speclab-engine-{core.index}", daemon=True)
                 core.worker.start()
             ours.setblocking(False)
             core.channel = await LoopChannel.open(ours, functools.partial(self._on_messages, core),
