@@ -286,6 +286,23 @@ def test_online_costs_predict_clip_and_scale():
     assert c.target_time(4, 1) == pytest.approx(2.2e-3)
 
 
+def test_a_width_known_at_few_rows_borrows_the_growth_of_one_known_across_them():
+    """A verify width measured only at 2 rows is predicted at 16 by how plain steps grew from 2 to 16, not by a
+    straight line from one point (which made speculation look several times dearer under load than it is)."""
+    c = OnlineCosts()
+    for n, s in ((1, 2e-3), (2, 2.5e-3), (4, 3e-3), (16, 6e-3)):
+        c.record_target(n, 1, s)
+    c.record_target(2, 5, 4e-3)
+    assert c.target_time(16, 5) == pytest.approx(4e-3 * 6e-3 / 2.5e-3)  # 9.6 ms; a straight line: 32 ms
+    assert c.target_time(1, 5) == pytest.approx(4e-3 * 2e-3 / 2.5e-3)  # below its rows as well
+    assert c.target_time(8, 5) == pytest.approx(4e-3 * 4e-3 / 2.5e-3)  # 8 rows: plain interpolated to 4 ms
+    c.record_target(16, 5, 10e-3)  # known at both ends now: interpolated between them, as before
+    assert c.target_time(9, 5) == pytest.approx(4e-3 + (10e-3 - 4e-3) * 7 / 14)
+    lone = OnlineCosts()  # no width known across the rows: the one point, as before
+    lone.record_target(2, 5, 4e-3)
+    assert lone.target_time(4, 5) == pytest.approx(8e-3)
+
+
 def test_calibrated_shapes_are_rescaled_by_their_own_load_level():
     """The online / calibrated ratio learnt at 64 rows does not rescale one row's untried shapes when one row
     has a ratio of its own; a level never measured takes the nearest level's."""

@@ -16,7 +16,11 @@ usual time (the process was descheduled), and a median ignores those bursts wher
 them; it still follows a lasting change within half a window.
 A shape never run is predicted by linear interpolation, first along the rows among shapes with the same T, then along T
 (beyond the measured range: along the nearest two points, never decreasing; from one point:
-proportionally when growing, flat when shrinking). So a cost table learnt at 37 rows answers for
+proportionally when growing, flat when shrinking). Beyond the rows known for its T, a shape borrows the
+growth with rows of another T known over them (in a server, plain steps at every row count the load
+passed through): a verify width tried only at 2 rows is predicted at 16 rows by how plain steps grew from
+2 to 16, not by a straight line, which would make speculation look several times dearer under load than
+it is and keep an adaptive policy from ever trying it there. So a cost table learnt at 37 rows answers for
 36 rows at once, and a policy never needs every shape to have been run.
 
 **Cold start.** Until something is measured, policies that weigh costs need numbers:
@@ -111,15 +115,38 @@ class _Grid:
         v = self.val.get((n, T))
         return v if v is not None else self.cal[(n, T)] * self.scale_of(n)
 
+    def _rows(self, n: int, t: int) -> float | None:
+        return interpolate(self.by_T[t], lambda m: self.get(m, t), n)
+
+    def along_rows(self, n: int, t: int) -> float | None:
+        """The value at (n, t) along the rows: interpolated where t's row counts bracket n; outside them, the
+        nearest known row count m of t scaled by how another width ``u`` whose row counts bracket n grows
+        from m to n, value(m, t) x value(n, u) / value(m, u) (the widest-known rows' growth, transferred);
+        by :func:`interpolate` alone when no width brackets n.
+
+        e.g. t = 3 known at 1 row only (3 ms), t = 1 at 1, 2 and 4 rows (2, 2.5 and 3 ms): (4, 3) ->
+        3 x 3 / 2 = 4.5 ms, where growing in proportion to the rows would say 12 ms (a forward of few rows
+        costs its weights' reads, which do not grow with the rows)."""
+        ms = self.by_T[t]
+        if ms[0] <= n <= ms[-1]:
+            return self._rows(n, t)
+        m = ms[0] if n < ms[0] else ms[-1]
+        refs = [u for u, us in self.by_T.items() if u != t and us[0] <= n <= us[-1]]
+        if refs:
+            u = min(refs, key=lambda x: (abs(x - t), x))
+            base, there = self._rows(m, u), self._rows(n, u)
+            if base and there is not None:
+                return self.get(m, t) * there / base
+        return self._rows(n, t)
+
     def predict(self, n: int, T: int) -> float | None:
-        """Along n within each known T, then along T."""
+        """Along n within each known T (:meth:`along_rows`), then along T."""
         if (n, T) in self.val:
             return self.val[(n, T)]
         if not self.by_T:
             return None
         Ts = sorted(self.by_T)
-        return interpolate(Ts, lambda t: interpolate(self.by_T[t], lambda m: self.get(m, t), n), T,
-                           self.below_proportional)
+        return interpolate(Ts, lambda t: self.along_rows(n, t), T, self.below_proportional)
 
     def near(self, n: int, which) -> bool:
         """Some T with ``which(T)`` known at a row count within 2x of n."""
