@@ -131,6 +131,14 @@ def test_vllm_engine_log_against_scraped_counters():
     assert J.vllm_acceptance_check("v", {"spec_decode": None}, J.parse_engine_log("nothing"))["ok"]
 
 
+def test_median_cell_keeps_the_median_repetition():
+    from speclab.analysis.serve_experiment import median_cell
+
+    reps = [{"tok_s": 300.0, "call": "a"}, {"tok_s": None, "call": "failed"}, {"tok_s": 280.0, "call": "b"}]
+    assert median_cell(reps) == {"tok_s": 280.0, "call": "b", "tok_s_reps": [300.0, None, 280.0]}
+    assert median_cell(reps[:1])["call"] == "a" and median_cell([reps[0], reps[2]])["call"] == "b"
+
+
 def test_configs_and_vllm_table():
     from speclab.analysis.serve_experiment import ExperimentSpec, speclab_configs, split_configs, vllm_table
     from speclab.errors import SpeclabError
@@ -159,7 +167,8 @@ def test_tiny_experiment_on_speclab_serve(tmp_path, capsys):
         pytest.skip("family weights not present")
     out = tmp_path / "exp.json"
     rc = main(["bench", "--serve-experiment", "--no-vllm", "--policy-list", "none", "--workload", "json",
-               "--concurrency", "1,4", "--requests", "4", "--max-new-tokens", "24", "--quiet", "--json", str(out),
+               "--concurrency", "1,4", "--requests", "4", "--max-new-tokens", "24", "--reps", "2", "--quiet", "--json",
+               str(out),
                "--charts", str(tmp_path / "charts")])
     assert rc == 0
     text = capsys.readouterr().out
@@ -171,6 +180,7 @@ def test_tiny_experiment_on_speclab_serve(tmp_path, capsys):
     for c in res["cells"]:
         assert c["failed"] == 0 and c["completed"] == 4 and c["tok_s"] > 0 and len(c["requests"]) == 4
         assert {"call", "fingerprint", "summary", "server_metrics", "inside", "tpot_p95_ms"} <= set(c)
+        assert len(c["tok_s_reps"]) == 2 and c["tok_s"] == min(c["tok_s_reps"])  # the lower middle of two
     verdicts = {v["server"]: v["verdict"] for v in res["verdicts"]}
     assert verdicts == {"speclab plain": "plain", "speclab fixed k=4": "speculative",
                         "speclab fixed k=4 split": "speculative"}, res["verdicts"]

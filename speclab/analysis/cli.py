@@ -40,7 +40,8 @@ def add_compare_arguments(p) -> None:
                    "--full 1,2,4,8,16,32,64,128)")
     p.add_argument("--reps", type=int, default=None,
                    help="interleaved repetitions per prompt (default 2; --full 3; --heads 3; --serve: per load level, "
-                   "every server in turn, default 1)")
+                   "every server in turn, default 1; --serve-experiment: per cell, every speclab server in turn, "
+                   "default 1)")
     p.add_argument("--full", action="store_true", help="--compare over the full grid (every workload, 4 prompts, "
                    "k 2,4,6, batches to 128, 3 repetitions: about 20 minutes on 2 cores) instead of the ~3-minute "
                    "default")

@@ -75,6 +75,7 @@ class ExperimentSpec:
     min_requests: int = 8
     per_client: int = 1
     max_tokens: int = 32
+    reps: int = 1  # repetitions of each cell (every server in turn); the one with the median tokens/s stands for it
     seed: int = 0
     threads: int = 1
     speclab: bool = True
@@ -214,25 +215,40 @@ def _speclab_starter(cfg: ServerConfig, spec: ExperimentSpec):
 
 def _run_speclab(configs: list[ServerConfig], levels: list[int], spec: ExperimentSpec, prompts: dict, log,
                  cells: list, started: dict) -> None:
-    """Every config up at once; per workload and level each config in turn (rotating order)."""
+    """Every config up at once; per workload and level each config in turn (the order rotating), ``spec.reps``
+    times, each cell kept as its median repetition (:func:`median_cell`)."""
     t0 = time.perf_counter()
     servers = _start_all({c.name: _speclab_starter(c, spec) for c in configs})
     try:
         started.update({name: round(s.started_s, 1) for name, s in servers.items()})
         log(f"{len(servers)} speclab servers up in {time.perf_counter() - t0:.0f} s")
         warm = set()
+        turn = 0
         for wl in spec.workloads:
-            for i, c in enumerate(levels):
-                order = configs[i % len(configs):] + configs[:i % len(configs)]
-                for cfg in order:
-                    w = 0 if cfg.name in warm else 1  # a fresh process pays for lazy initialisation once
-                    warm.add(cfg.name)
-                    cell = measure(servers[cfg.name].url, cfg, wl, c, spec, prompts[wl], warmup=w,
-                                   tokenizer=spec.target)
+            for c in levels:
+                reps: dict[str, list] = {}
+                for _ in range(spec.reps):
+                    order = configs[turn % len(configs):] + configs[:turn % len(configs)]
+                    turn += 1
+                    for cfg in order:
+                        w = 0 if cfg.name in warm else 1  # a fresh process pays for lazy initialisation once
+                        warm.add(cfg.name)
+                        reps.setdefault(cfg.name, []).append(
+                            measure(servers[cfg.name].url, cfg, wl, c, spec, prompts[wl], warmup=w,
+                                    tokenizer=spec.target))
+                for cfg in configs:
+                    cell = median_cell(reps[cfg.name])
                     cells.append(cell)
                     log(_progress(cell))
     finally:
         _stop_all(servers.values())
+
+
+def median_cell(measured: list[dict]) -> dict:
+    """Of one cell's repetitions, the one whose tokens/s is the median (the lower middle one for an even count; a
+    failed level's None counts as 0), with every repetition's tokens/s as ``tok_s_reps``."""
+    kept = sorted(measured, key=lambda m: m["tok_s"] or 0.0)[(len(measured) - 1) // 2]
+    return dict(kept, tok_s_reps=[m["tok_s"] for m in measured])
 
 
 def _progress(cell: dict) -> str:
@@ -240,13 +256,17 @@ def _progress(cell: dict) -> str:
     fail = f"  {cell['failed']} failed" if cell["failed"] else ""
     tok = "-" if cell["tok_s"] is None else f"{cell['tok_s']:.1f}"
     tpot = "-" if cell["tpot_p95_ms"] is None else f"{cell['tpot_p95_ms']:.1f}"
+    reps = cell.get("tok_s_reps") or []
+    reps = f"  (reps {', '.join('-' if t is None else f'{t:.0f}' for t in reps)})" if len(reps) > 1 else ""
     return (f"  {cell['server']:<28} {cell['workload']:<10} c={cell['concurrency']:<3} {tok:>7} tok/s  "
-            f"p95 TPOT {tpot:>6} ms  {cell['call']:<7} accepted/round {'-' if ins is None else f'{ins:.2f}'}{fail}")
+            f"p95 TPOT {tpot:>6} ms  {cell['call']:<7} accepted/round {'-' if ins is None else f'{ins:.2f}'}{fail}"
+            f"{reps}")
 
 
 def _run_vllm(configs: list[ServerConfig], spec: ExperimentSpec, prompts: dict, log, cells: list,
               started: dict, acceptance: list, notes: list) -> None:
-    """One vLLM server at a time: every workload and level, then its counters against its engine log."""
+    """One vLLM server at a time: every workload and level (``spec.reps`` times in a row, the median kept), then its
+    counters against its engine log."""
     import httpx
 
     from ..family import resolve
@@ -274,8 +294,9 @@ def _run_vllm(configs: list[ServerConfig], spec: ExperimentSpec, prompts: dict, 
             log(f"{cfg.name} up after {srv.started_s:.0f} s")
             for wl in spec.workloads:
                 for i, c in enumerate(spec.levels):
-                    cell = measure(srv.url, cfg, wl, c, spec, prompts[wl], warmup=1 if wl == spec.workloads[0] and
-                                   i == 0 else 0, model=model_dir, tokenizer=model_dir)
+                    cell = median_cell([measure(srv.url, cfg, wl, c, spec, prompts[wl],
+                                                warmup=1 if wl == spec.workloads[0] and i == 0 and r == 0 else 0,
+                                                model=model_dir, tokenizer=model_dir) for r in range(spec.reps)])
                     cells.append(cell)
                     log(_progress(cell))
             time.sleep(2 * VLLM_LOG_INTERVAL + 1.0)  # the engine logs what it counted since its last line
@@ -361,7 +382,7 @@ def judge_result(cells: list[dict], spec: ExperimentSpec, vllm_acceptance: list 
 
 
 def add_arguments(b) -> None:
-    """The flags of ``bench --serve-experiment`` (it also reads --workload, --concurrency, --requests,
+    """The flags of ``bench --serve-experiment`` (it also reads --workload, --concurrency, --requests, --reps,
     --max-new-tokens, --draft, --k, --target, --policy-list, --vllm-venv, --seed, --threads, --json, --charts,
     --full, --quiet)."""
     b.add_argument("--serve-experiment", action="store_true",
@@ -397,6 +418,7 @@ def spec_from_args(args) -> ExperimentSpec:
         workloads=workload_names(args.workload) if args.workload else list(WORKLOADS), levels=levels,
         split_levels=levels if full else None, split=not args.no_split,
         requests=args.requests, min_requests=16 if full else 8, per_client=2 if full else 1, max_tokens=max_tokens,
+        reps=max(1, args.reps or 1),
         seed=args.seed, threads=args.threads or 1, speclab=not args.no_speclab, vllm=not args.no_vllm,
         vllm_venv=args.vllm_venv,
         vllm_kinds=[k.strip() for k in args.vllm_configs.split(",")] if args.vllm_configs else list(VLLM_KINDS))
