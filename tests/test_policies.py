@@ -239,6 +239,24 @@ def test_cost_gate_turns_rules_off_and_probes():
     assert [c.k for c in got] == [0, 0, 1, 0, 0, 1] and "probe k=1" in got[2].reason
 
 
+def test_cost_gate_times_a_plain_step_a_rule_would_never_run():
+    """Hugging Face's rule never drafts fewer than one token: with only draft rounds timed at a row count, the gate
+    would have nothing to weigh them against and stay open for good. It runs one plain round there, then judges."""
+    c = OnlineCosts()
+    for n in (1, 2):
+        c.record_target(n, 5, 2e-3 * n)  # verify rounds of k = 4
+        c.record_draft(n, 4, 1e-3)
+    p = Heuristic(4)
+    poor = view([hist(0.2, 4, 10), hist(0.2, 4, 10)], c)
+    first = p.choose(poor)
+    assert [x.k for x in first] == [0, 0] and first[0].reason.startswith("gate: measuring plain steps at 2 rows")
+    c.record_target(2, 1, 1.2e-3)  # the plain round, timed by the scheduler
+    then = p.choose(poor)
+    assert {x.k for x in then} == {0} and then[0].reason.startswith("off:")  # 0.2 acceptance does not pay here
+    good = view([hist(1.0, 4, 10), hist(1.0, 4, 10)], c)
+    assert Heuristic(4).choose(good)[0].k == 4  # and a draft that does pay passes
+
+
 def test_confidence_stop_rule():
     stop = Confidence(4, threshold=0.4, floor=0.0).draft_stop()
     probs = torch.tensor([[0.9, 0.05, 0.05], [0.35, 0.33, 0.32], [0.5, 0.5, 0.0]])

@@ -364,8 +364,10 @@ class CostGate:
     Rows that stop drafting stop teaching the tracker, so after ``probe_every`` gated rounds in a row
     one round drafts k = 1 (at most) when that is :func:`worth_probing`: when acceptance, not load,
     closed the gate and a plausible rise in acceptance would reopen it (a probe at a load where even a
-    good draft loses would be pure waste). Without cost numbers for this row count it lets the rule
-    through (so the numbers get measured)."""
+    good draft loses would be pure waste). Without a plain step timed at a row count near this one it runs
+    one plain round (rules such as Hugging Face's never draft fewer than one token, so nothing else would
+    time it, and the gate would stay open for good); without a draft or verify timed there it lets the
+    rule through (so those get measured)."""
 
     def __init__(self, tracker: AcceptanceTracker, probe_every: int = 16):
         self.tracker = tracker
@@ -378,7 +380,12 @@ class CostGate:
         ks = [c.k for c in choices]
         kmax = max(ks, default=0)
         n = len(view.rows)
-        if kmax == 0 or _costs_ready(view.costs, n, self.covered) is not None:
+        if kmax == 0:
+            return choices
+        need = _costs_ready(view.costs, n, self.covered)
+        if need == "plain":  # a rule that always drafts would never time the plain step the gate weighs it against
+            return [Choice(0, f"gate: measuring plain steps at {n} rows ({rule})")] * n
+        if need is not None:
             return choices
         times = self.times.get(view.costs, n)
         t0, tk = times[0], times[min(kmax, self.tracker.k_max)]
