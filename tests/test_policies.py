@@ -257,6 +257,30 @@ def test_cost_gate_times_a_plain_step_a_rule_would_never_run():
     assert Heuristic(4).choose(good)[0].k == 4  # and a draft that does pay passes
 
 
+def test_confidence_gate_counts_a_stopped_draft_as_a_rejection():
+    """Rounds whose drafts the confidence rule stopped at once paid a draft step and verified nothing. They count
+    as rejections at the stop (what they yield) and are timed at the width they reached plus the step that
+    stopped, so the gate turns a rule off that stops everything; one whose drafts run and are accepted stays on."""
+    c = table(step_ms=1.0, verify_ms_per_token=0.1, draft_ms=0.3)
+
+    def run(drafted_per_round: int, rounds: int = 30) -> list:
+        p, hist, out = Confidence(4), [], []
+        for _ in range(rounds):
+            ch = p.choose(view([hist], c, ids=["row"]))
+            out.append(ch[0])
+            hist.append((drafted_per_round, drafted_per_round) if ch[0].k else (0, 0))
+        return out
+
+    stopped = run(0)
+    assert stopped[0].k == 4 and stopped[2].reason.startswith("off:")  # it tried, then switched itself off
+    assert sum(x.k > 0 for x in stopped) <= 6  # it tries again now and then (the row's evidence ages)
+    assert all(x.k == 4 for x in run(4))  # accepted drafts of full length: always on
+    p = Confidence(4)  # a stop that cut a draft short counts as a rejection there
+    p._asked["row"] = [{0: 4, 1: 4, 2: 2}, []]
+    seen = p.realized(RowView("row", ((0, 0), (2, 2), (2, 2), (3, 1))))
+    assert seen.history == ((4, 0), (4, 2), (2, 2), (3, 1))
+
+
 def test_confidence_stop_rule():
     stop = Confidence(4, threshold=0.4, floor=0.0).draft_stop()
     probs = torch.tensor([[0.9, 0.05, 0.05], [0.35, 0.33, 0.32], [0.5, 0.5, 0.0]])

@@ -42,7 +42,7 @@ reacts to load or to batch-mates a sampled row's output, while exact, depends on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from ..errors import SpeclabError
@@ -376,7 +376,10 @@ class CostGate:
         self.closed = 0
         self.covered: set = set()
 
-    def apply(self, view: PolicyView, choices: list[Choice], rule: str) -> list[Choice]:
+    def apply(self, view: PolicyView, choices: list[Choice], rule: str, width: float | None = None) -> list[Choice]:
+        """``width``: the draft length the rule's rounds really reach, when it stops drafts early (default: its
+        widest k); the round is timed at it (between the two draft lengths around it; below one draft token,
+        plus the draft step that decided to stop)."""
         ks = [c.k for c in choices]
         kmax = max(ks, default=0)
         n = len(view.rows)
@@ -388,9 +391,15 @@ class CostGate:
         if need is not None:
             return choices
         times = self.times.get(view.costs, n)
-        t0, tk = times[0], times[min(kmax, self.tracker.k_max)]
-        if t0 is None or tk is None:
+        top = min(kmax, self.tracker.k_max)
+        w = top if width is None else max(0.0, min(float(width), top))
+        lo, hi = int(w), min(int(w) + 1, top)
+        t0, tlo, thi = times[0], times[lo], times[hi]
+        if t0 is None or tlo is None or thi is None:
             return choices
+        tk = tlo + (thi - tlo) * (w - lo)
+        if w < 1.0:  # a draft stopped before its first token still ran the draft forward that decided to stop
+            tk += (1.0 - w) * (view.costs.draft_total(n, 1) or 0.0)
         pop = self.tracker.population()
         e_spec = 0.0
         for r, k in zip(view.rows, ks):
@@ -697,7 +706,9 @@ class Confidence(GatedRule):
     The stop is checked on the draft's distribution before each token (the token it would draft next
     is not proposed). Works with drafters that compute distributions (model drafts); prompt lookup
     and the synthetic drafter have none and ignore it. Behind the cost gate (``gate=False``: the
-    stopping rule alone)."""
+    stopping rule alone), which weighs what the rule's rounds really yield and cost: a draft the rule
+    stopped before the k asked counts as rejected at the stop (:meth:`realized`), and a round is timed at
+    the draft length the rule's rounds reach (a decayed mean), plus the draft step that decided to stop."""
 
     name: str = field(default="confidence", init=False)
     threshold: float = 0.4
@@ -708,13 +719,45 @@ class Confidence(GatedRule):
         check_float("confidence threshold", self.threshold, 0.0, 1.0)
         check_float("confidence entropy floor", self.floor, 0.0, 1.0)
         self._init_gate()
+        self._asked: dict[str, list] = {}  # request id -> [k asked per round (by history index), realized history]
+        self._width: float | None = None  # decayed mean of the draft steps its rounds really ran
+
+    def realized(self, r: RowView) -> RowView:
+        """The row as the gate must weigh it: a round in which the stop rule ended the draft before the k asked
+        counts as that draft rejected at the stop (it yields what a rejection there yields), not as a shorter
+        draft. Otherwise the tracker sees only the drafts the rule was sure of, and rounds that paid for a draft
+        step and verified nothing, which do not count, keep the gate open where drafting loses."""
+        st = self._asked.get(r.request_id)
+        if st is None or len(st[1]) > len(r.history):
+            st = self._asked[r.request_id] = [{}, []]
+        asked, real = st
+        for i in range(len(real), len(r.history)):
+            d, a = r.history[i]
+            k = asked.pop(i, 0)
+            real.append((k, a) if a == d < k else (d, a))
+        return replace(r, history=tuple(real))
 
     def choose(self, view: PolicyView) -> list[Choice]:
         K = self.k_max
-        if self.gate:
-            self._tracker.update(view)
         out = [Choice(K, f"confidence: up to k={K}")] * len(view.rows)
-        return self._gate.apply(view, out, "confidence") if self.gate and K else out
+        if not (self.gate and K):
+            return out
+        last = [r.history[-1][0] for r in view.rows
+                if r.history and (st := self._asked.get(r.request_id)) and len(r.history) - 1 in st[0]]
+        if last:  # the previous round asked for drafts: how far its draft phase ran (the widest row's draft)
+            w = float(max(last))
+            self._width = w if self._width is None else 0.8 * self._width + 0.2 * w
+        seen = replace(view, rows=tuple(self.realized(r) for r in view.rows))
+        self._tracker.update(seen)
+        out = self._gate.apply(seen, out, "confidence", self._width)
+        if len(self._asked) > 2 * len(view.rows) + 64:
+            live = {r.request_id for r in view.rows}
+            for rid in [i for i in self._asked if i not in live]:
+                del self._asked[rid]
+        for r, c in zip(view.rows, out):
+            if c.k:
+                self._asked[r.request_id][0][len(r.history)] = min(c.k, max(0, r.remaining - 1))
+        return out
 
     def draft_stop(self):
         thr, floor, gamma = self.threshold, self.floor, self.gamma
