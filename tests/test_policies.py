@@ -278,7 +278,7 @@ def test_confidence_gate_counts_a_stopped_draft_as_a_rejection():
     p = Confidence(4)  # a stop that cut a draft short counts as a rejection there
     p._asked["row"] = [{0: 4, 1: 4, 2: 2}, []]
     seen = p.realized(RowView("row", ((0, 0), (2, 2), (2, 2), (3, 1))))
-    assert seen.history == ((4, 0), (4, 2), (2, 2), (3, 1))
+    assert tuple(seen.history) == ((4, 0), (4, 2), (2, 2), (3, 1))
 
 
 def test_confidence_stop_rule():

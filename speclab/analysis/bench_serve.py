@@ -119,10 +119,11 @@ def _row(server: str, workload: str, c: int, level: dict) -> dict:
                 "mean_acceptance_length")}
 
 
-def median_rep(measured: list[tuple[dict, dict]]) -> tuple[dict, dict]:
-    """Of one cell's repetitions ``(row, summary)``, the one whose tokens/s is the median (the lower of the two
-    middle ones for an even count; a failed level's None counts as 0)."""
-    order = sorted(measured, key=lambda m: m[0]["tok_s"] or 0.0)
+def median_rep(measured: list, tok_s=lambda m: m[0]["tok_s"]):
+    """Of one cell's repetitions (by default ``(row, summary)`` pairs; ``tok_s`` reads a repetition's tokens/s),
+    the one whose tokens/s is the median (the lower of the two middle ones for an even count; a failed level's
+    None counts as 0)."""
+    order = sorted(measured, key=lambda m: tok_s(m) or 0.0)
     return order[(len(order) - 1) // 2]
 
 

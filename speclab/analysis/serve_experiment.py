@@ -245,10 +245,11 @@ def _run_speclab(configs: list[ServerConfig], levels: list[int], spec: Experimen
 
 
 def median_cell(measured: list[dict]) -> dict:
-    """Of one cell's repetitions, the one whose tokens/s is the median (the lower middle one for an even count; a
-    failed level's None counts as 0), with every repetition's tokens/s as ``tok_s_reps``."""
-    kept = sorted(measured, key=lambda m: m["tok_s"] or 0.0)[(len(measured) - 1) // 2]
-    return dict(kept, tok_s_reps=[m["tok_s"] for m in measured])
+    """Of one cell's repetitions, the one :func:`~.bench_serve.median_rep` keeps (the median tokens/s), with every
+    repetition's tokens/s as ``tok_s_reps``."""
+    from .bench_serve import median_rep
+
+    return dict(median_rep(measured, tok_s=lambda m: m["tok_s"]), tok_s_reps=[m["tok_s"] for m in measured])
 
 
 def _progress(cell: dict) -> str:

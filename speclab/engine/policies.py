@@ -493,14 +493,16 @@ class GatedRule:
         self._tracker = AcceptanceTracker(self.k_max)
         self._gate = CostGate(self._tracker)
 
-    def _gated(self, view: PolicyView, out: list[Choice], label: str, state: dict) -> list[Choice]:
-        """The rule's choices through the gate (when on), after forgetting the per-request ``state`` of rows
-        that left (kept while it is small: a request id seen again is checked against its history)."""
+    def _gated(self, view: PolicyView, out: list[Choice], label: str, state: dict,
+               width: float | None = None) -> list[Choice]:
+        """The rule's choices through the gate (when on; ``width``: see :meth:`CostGate.apply`), after forgetting
+        the per-request ``state`` of rows that left (kept while it is small: a request id seen again is checked
+        against its history)."""
         if len(state) > 2 * len(view.rows) + 64:
             live = {r.request_id for r in view.rows}
             for rid in [i for i in state if i not in live]:
                 del state[rid]
-        return self._gate.apply(view, out, label) if self.gate else out
+        return self._gate.apply(view, out, label, width) if self.gate else out
 
     def draft_stop(self):
         return None
@@ -735,7 +737,7 @@ class Confidence(GatedRule):
             d, a = r.history[i]
             k = asked.pop(i, 0)
             real.append((k, a) if a == d < k else (d, a))
-        return replace(r, history=tuple(real))
+        return replace(r, history=real)  # the live list, as the scheduler passes its own (no copy per round)
 
     def choose(self, view: PolicyView) -> list[Choice]:
         K = self.k_max
@@ -749,11 +751,7 @@ class Confidence(GatedRule):
             self._width = w if self._width is None else 0.8 * self._width + 0.2 * w
         seen = replace(view, rows=tuple(self.realized(r) for r in view.rows))
         self._tracker.update(seen)
-        out = self._gate.apply(seen, out, "confidence", self._width)
-        if len(self._asked) > 2 * len(view.rows) + 64:
-            live = {r.request_id for r in view.rows}
-            for rid in [i for i in self._asked if i not in live]:
-                del self._asked[rid]
+        out = self._gated(seen, out, "confidence", self._asked, self._width)
         for r, c in zip(view.rows, out):
             if c.k:
                 self._asked[r.request_id][0][len(r.history)] = min(c.k, max(0, r.remaining - 1))
