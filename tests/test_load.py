@@ -612,6 +612,33 @@ def test_good_stream_counts_usage_tokens(faulty_server):
     assert len(r["chunk_times"]) == 3 and r["done_time"] >= r["chunk_times"][-1]
 
 
+def test_times_start_when_the_request_is_on_the_wire(faulty_server):
+    """The client's own delay before its request is written (here a request hook that sleeps 0.3 s, as a
+    busy event loop would) is kept apart as send_wait; TTFT and E2E start when the server can see the request."""
+    import asyncio
+
+    import httpx
+
+    from speclab.load.client import Endpoint, RequestRecord, send
+    from speclab.load.stats import summarize
+
+    async def slow(request):
+        await asyncio.sleep(0.3)
+
+    async def go():
+        async with httpx.AsyncClient(event_hooks={"request": [slow]}) as client:
+            rec = RequestRecord(0, sent=1.0)
+            return await send(client, Endpoint(faulty_server, model="ok", timeout=5.0, max_tokens=3), "hi", rec)
+
+    rec = asyncio.run(go())
+    assert rec.ok and rec.send_wait >= 0.3 and rec.sent == pytest.approx(1.0 + rec.send_wait)
+    assert 0 < rec.chunk_times[0] < 0.2  # the server's first chunk comes within ms of the request
+    assert rec.done_time >= rec.chunk_times[-1]
+    rec.output_tokens = 3
+    s = summarize([rec], 1.0)
+    assert s["send_wait_ms"]["mean"] >= 300 and s["ttft_ms"]["mean"] < 200
+
+
 def test_duration_deadline_cancels_stragglers(faulty_server):
     import time
 

@@ -104,7 +104,8 @@ def servers(tmp_path_factory):
     procs = {
         "main": ServeProcess(["--api-key", KEY], logs, "main"),
         "small": ServeProcess(["--max-num-seqs", "2", "--max-waiting-requests", "2", "--speculative-config",
-                               json.dumps(NGRAM), "--stream-split-tokens"], logs, "small"),
+                               json.dumps(NGRAM), "--stream-split-tokens", "--http", "h11", "--loop", "asyncio"],
+                              logs, "small"),  # the pure-Python HTTP parser and asyncio's loop (main: the defaults)
     }
     try:
         yield procs

@@ -48,7 +48,8 @@ def cmd_load(args) -> int:
                         seed=args.request_seed, extra=extra)
     spec = LoadSpec(levels=levels, prompts=load_prompts(args.workload, args.prompts_file),
                     num_requests=args.num_requests, duration=args.duration, seed=args.seed,
-                    slos=parse_goodput(args.goodput), warmup=args.warmup, tokenizer=args.tokenizer, quiet=args.quiet)
+                    slos=parse_goodput(args.goodput), warmup=args.warmup, tokenizer=args.tokenizer, quiet=args.quiet,
+                    loop=args.loop)
     result = run(endpoint, spec)
     print(format_result(result))
     if args.json:
@@ -101,4 +102,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--json", default=None, metavar="PATH", help="write the full result (per request and per level)")
     p.add_argument("--charts", default=None, metavar="DIR", help="write Altair charts (HTML) into DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                   help="the client's event loop; auto (default): uvloop when installed (less client time per chunk), "
+                        "else asyncio's")
     p.set_defaults(func=cmd_load)

@@ -62,12 +62,19 @@ class Endpoint:
 
 @dataclass
 class RequestRecord:
-    """What one request saw. Times are seconds: ``sent`` from the level's start, the rest from ``sent``."""
+    """What one request saw. Times are seconds: ``sent`` from the level's start, the rest from ``sent``.
+
+    ``sent`` is when the whole request had been written to its connection (httpcore's trace event), the
+    moment the server can see it; ``send_wait`` is the client's own time before that, from the call
+    (building the request, waiting for its event loop and for a connection), kept apart so that a busy
+    client does not show as server latency. Without the trace event (a transport that does not emit it)
+    ``sent`` stays at the call and ``send_wait`` is None."""
 
     index: int
     prompt_id: str = ""
     category: str = ""
     sent: float = 0.0
+    send_wait: float | None = None
     ok: bool = False
     error: str | None = None
     error_kind: str | None = None  # http_status, timeout, truncated, connection, stream_error, bad_data, no_output
@@ -196,10 +203,17 @@ class _StreamError(Exception):
         self.kind = kind
 
 
+WRITTEN = ("http11.send_request_body.complete", "http2.send_request_body.complete")  # httpcore trace events
+
+
 async def _exchange(client: httpx.AsyncClient, endpoint: Endpoint, prompt: str, rec: RequestRecord,
-                    t0: float) -> None:
-    async with client.stream("POST", endpoint.url, json=endpoint.payload(prompt),
-                             headers=endpoint.headers()) as response:
+                    t0: float, written: list) -> None:
+    async def trace(name: str, info: dict) -> None:
+        if name in WRITTEN and not written:
+            written.append(time.perf_counter())
+
+    async with client.stream("POST", endpoint.url, json=endpoint.payload(prompt), headers=endpoint.headers(),
+                             extensions={"trace": trace}) as response:
         rec.status = response.status_code
         if response.status_code != 200:
             body = await response.aread()
@@ -212,8 +226,9 @@ async def send(client: httpx.AsyncClient, endpoint: Endpoint, prompt: str, rec: 
     the per-request timeout covers connecting, waiting and reading (a server that trickles bytes
     forever still times out)."""
     t0 = time.perf_counter()
+    written: list[float] = []
     try:
-        await asyncio.wait_for(_exchange(client, endpoint, prompt, rec, t0), endpoint.timeout)
+        await asyncio.wait_for(_exchange(client, endpoint, prompt, rec, t0, written), endpoint.timeout)
         if not rec.chunk_times:
             raise _StreamError("no output: the stream finished without any text", "no_output")
         rec.ok = True
@@ -229,4 +244,10 @@ async def send(client: httpx.AsyncClient, endpoint: Endpoint, prompt: str, rec: 
                                      f"{str(e)[:120]}"), "truncated"
     except httpx.HTTPError as e:
         rec.error, rec.error_kind = f"{type(e).__name__}: {str(e)[:160]}", "connection"
+    if written:  # times from the request on the wire, not from the call
+        wait = written[0] - t0
+        rec.send_wait, rec.sent = wait, rec.sent + wait
+        rec.chunk_times = [t - wait for t in rec.chunk_times]
+        if rec.done_time is not None:
+            rec.done_time -= wait
     return rec

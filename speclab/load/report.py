@@ -81,5 +81,10 @@ def format_result(result: dict) -> str:
         if lag and itl and lag["p99"] > 0.5 * itl["mean"]:
             lines.append(f"{lv['level']['label']}: this client's event loop woke up to {lag['p99']:.1f} ms late (p99; "
                          f"mean token gap {itl['mean']:.1f} ms): the machine is busy and the client may bunch chunks")
+        wait, ttft = lv["summary"].get("send_wait_ms"), lv["summary"].get("ttft_ms")
+        if wait and ttft and wait["mean"] > 0.1 * ttft["mean"]:
+            lines.append(f"{lv['level']['label']}: this client took {wait['mean']:.1f} ms (mean) to put each request "
+                         f"on the wire (building it, its event loop, a connection); TTFT and E2E start after that "
+                         f"({ttft['mean']:.1f} ms TTFT)")
     lines += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)

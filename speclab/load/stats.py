@@ -1,6 +1,7 @@
 """Latency statistics of a load run, with ``vllm bench serve``'s definitions (pure functions).
 
-Per request (times measured by the client from when it sent the request):
+Per request (times measured by the client from when it had sent the request: its last byte written to the
+connection; the client's own time before that, ``send_wait``, is summarised apart as ``send_wait_ms``):
 
 * ``ttft``: arrival of the first chunk that carried output;
 * ``e2e``: arrival of the last chunk that carried output (vLLM's ``latency``; ``[DONE]`` and the usage
@@ -131,6 +132,7 @@ def summarize(records, duration_s: float, slos: dict[str, float] | None = None) 
         "itl_ms": distribution([g for m in per for g in m["itl"]]),
         "itl_token_ms": distribution([g for m in per if m["itl_token"] is not None for g in m["itl_token"]]),
         "e2e_ms": distribution([m["e2e"] for m in per]),
+        "send_wait_ms": distribution([r.send_wait for r in ok if r.send_wait is not None]),
     }
     mismatch = [r.token_mismatch for r in ok if r.token_mismatch is not None]
     if mismatch:

@@ -13,6 +13,7 @@ complete, then the process exits 0. A second SIGTERM or Ctrl-C stops at once.
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import socket
 import sys
@@ -62,6 +63,10 @@ def add_commands(sub) -> None:
     p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug",
                                                                    "trace"])
     p.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request")
+    p.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
+                   help="uvicorn's HTTP parser; auto (default): httptools (C) when installed, else h11 (pure Python)")
+    p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                   help="the event loop; auto (default): uvloop when installed, else asyncio's")
     p.set_defaults(func=cmd_serve)
 
 
@@ -99,6 +104,9 @@ def cmd_serve(args) -> int:
         check_int("--data-parallel-size", args.data_parallel_size, 1, 64)
     check_int("--port", args.port, 0, 65535)
     spec = parse_speculative_config(args.speculative_config) if args.speculative_config is not None else None
+    for flag, mod in (("--http", args.http), ("--loop", args.loop)):
+        if mod not in ("auto", "h11", "asyncio") and importlib.util.find_spec(mod) is None:
+            raise SpeclabError(f"{flag} {mod}: the package '{mod}' is not installed (pip install {mod})")
 
     from ..defaults import default_target, setup_threads
     from ..engine import Off, SpeculativeDecoder, make_policy
@@ -144,7 +152,7 @@ def cmd_serve(args) -> int:
           f"{policy.name} · up to {max_seqs} running, {max_wait} waiting · context {server.info.context} · "
           f"{engine_where(server.engine)} · http://{host}:{port}/v1", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
-                            lifespan="on", timeout_graceful_shutdown=None)
+                            lifespan="on", timeout_graceful_shutdown=None, http=args.http, loop=args.loop)
     draining_server(config, server).run(sockets=[sock])
     return 0
 
