@@ -7,8 +7,9 @@ on a *mixed* stream (the workloads' prompts interleaved), at concurrency levels 
 crossover. A level B is a burst of max(requests, B) + B requests at concurrency B: one scheduler runs
 at most B rows, every request is queued at the start and a finished row is replaced at once
 (continuous batching, as a server runs); throughput over the whole burst (prefill and the final drain
-included: every configuration does the same work). All configurations of a cell run one after another (A B C ... A B C
-...) and the whole grid repeats ``--reps`` times; each cell reports the median throughput. The spec
+included: every configuration does the same work). All configurations of a cell run one after another (A B C ...,
+then B C ... A in the next repetition: none always runs first or last) and the whole grid repeats ``--reps``
+times; each cell reports the median throughput. The spec
 decoder's step costs are calibrated once before anything is timed (``OnlineCosts.calibrate``; its
 seconds are reported, not counted), and are learnt online over the run, as a server would. One policy
 object per (cell, configuration), kept over the repetitions (a server keeps its policy and what it
@@ -220,8 +221,9 @@ def run_policies(args) -> int:
     identical: dict[tuple, bool] = {}
     t_run = time.perf_counter()
     for rep in range(g["reps"]):
+        order = configs[rep % len(configs):] + configs[:rep % len(configs)]  # each takes every turn over the reps
         for w, B in cells:
-            for label, pol_spec, k in configs:
+            for label, pol_spec, k in order:
                 key = (w, B, label)
                 ntok, spent, reqs = at_concurrency(target, drafter if pol_spec else None, policies.get(key),
                                                    queue[(w, B)], B, M, spec.costs, args.seed, clock)
