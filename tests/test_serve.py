@@ -642,6 +642,56 @@ def test_ttft_clock_starts_at_arrival(models):
     assert delay <= delta("vllm:e2e_request_latency_seconds_sum") <= client_e2e
 
 
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_arrival_is_stamped_when_the_request_is_read(http):
+    """speclab serve's HTTP protocol stamps a request when the loop reads its first bytes, before the app's task
+    runs: with 8 requests sent together to an app whose handler holds the loop 25 ms, the last one is read long
+    before its handler starts; the app's own stamp (ArrivalClock, the fallback) would have missed that wait."""
+    import threading
+
+    import uvicorn
+
+    from speclab.serve.arrival import ARRIVAL, ArrivalClock, stamping_protocol
+
+    if http == "httptools":
+        pytest.importorskip("httptools")
+    seen = []
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        seen.append((scope.get(ARRIVAL), time.perf_counter()))
+        time.sleep(0.025)  # holds the event loop, as parsing and tokenising a burst of requests does
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    port = free_port()
+    uv = uvicorn.Server(uvicorn.Config(ArrivalClock(app), host="127.0.0.1", port=port, log_level="error",
+                                       http=stamping_protocol(http), lifespan="off"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not uv.started and time.time() < deadline:
+        time.sleep(0.02)
+
+    async def burst():
+        import httpx
+
+        async def one():
+            async with httpx.AsyncClient() as c:  # a connection each
+                return (await c.get(f"http://127.0.0.1:{port}/")).status_code
+
+        return await asyncio.gather(*[one() for _ in range(8)])
+
+    try:
+        assert asyncio.run(burst()) == [200] * 8
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+    assert len(seen) == 8 and all(a is not None and a <= t for a, t in seen)
+    assert max(t - a for a, t in seen) >= 0.08  # read, then waited behind the others' handlers
+
+
 def test_engine_process_death_fails_requests_in_flight(models):
     """The engine core's process dies mid-stream: the stream ends with an error event, new requests fail at once
     (500), /health says 503, and the HTTP side stays up."""

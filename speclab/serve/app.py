@@ -29,6 +29,7 @@ from ..engine.request import Request as EngineRequest
 from ..engine.scheduler import QueueFull, Scheduler
 from ..errors import SpeclabError
 from ..models import check_draft_context
+from .arrival import ARRIVAL, ArrivalClock
 from .detok import IncrementalText, fast_decoder
 from .prom import ServerMetrics
 from .protocol import (
@@ -141,7 +142,7 @@ class Server:
             raise bad(str(e)) from None
 
     async def generate(self, request: Request, kind: str):
-        # the request's clock starts when the app received it (vLLM's arrival time), before any parsing
+        # the request's clock started when its first bytes were read (.arrival), before any parsing
         arrival = request.scope.get(ARRIVAL) or time.perf_counter()
         self.check(request)
         body = parse_body(await request.body())
@@ -216,21 +217,6 @@ class Server:
         return {"object": "list", "data": [{"id": self.info.served_name, "object": "model", "created": self.created,
                                             "owned_by": "speclab", "root": self.lm.path, "parent": None,
                                             "max_model_len": self.info.context}]}
-
-
-ARRIVAL = "speclab.arrival"  # scope key: when the app received the request (perf_counter)
-
-
-class ArrivalClock:
-    """ASGI middleware: stamps each HTTP request with its arrival time, the first thing the app does with it."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            scope[ARRIVAL] = time.perf_counter()
-        await self.app(scope, receive, send)
 
 
 async def _disconnected(request: Request) -> None:

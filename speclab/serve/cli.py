@@ -112,6 +112,7 @@ def cmd_serve(args) -> int:
     from ..engine import Off, SpeculativeDecoder, make_policy
     from ..models import load_model
     from .app import Server, create_app
+    from .arrival import stamping_protocol
 
     make_policy(args.spec_policy, 4)  # an unknown policy fails before the models load
     sock = listen(args.host, args.port)
@@ -152,7 +153,8 @@ def cmd_serve(args) -> int:
           f"{policy.name} · up to {max_seqs} running, {max_wait} waiting · context {server.info.context} · "
           f"{engine_where(server.engine)} · http://{host}:{port}/v1", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
-                            lifespan="on", timeout_graceful_shutdown=None, http=args.http, loop=args.loop)
+                            lifespan="on", timeout_graceful_shutdown=None, http=stamping_protocol(args.http),
+                            loop=args.loop)
     draining_server(config, server).run(sockets=[sock])
     return 0
 

@@ -24,13 +24,15 @@ class InProcessServer:
         import uvicorn
 
         from .app import create_app
+        from .arrival import stamping_protocol
 
         self.server = server
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.timeout = startup_timeout
         self.uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=self.port,
-                                                log_level="critical", access_log=False))
+                                                log_level="critical", access_log=False,
+                                                http=stamping_protocol()))
         self.thread = threading.Thread(target=self.uv.run, daemon=True, name=f"speclab-serve-{self.port}")
 
     def start(self) -> "InProcessServer":
