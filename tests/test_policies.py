@@ -406,6 +406,58 @@ def test_greedy_identity_with_every_policy(tiny, target_lm, kind):
         assert one == plain[2:3], (kind, pol.name)
 
 
+class _Zigzag:
+    """Drafts in some rounds and rows and not in others, on a fixed pattern: whole rounds off, ragged rounds, runs of
+    rounds off for one row while the others draft."""
+
+    name, k_max = "zigzag", 4
+    pattern = (4, 0, 0, 2, 0, 1, 0, 0, 0, 3, 4, 0)
+
+    def __init__(self):
+        self.round = 0
+
+    def choose(self, view):
+        from speclab.engine.policies import Choice
+
+        self.round += 1
+        if self.round % 3 == 0:
+            return [Choice(0, "off")] * len(view.rows)
+        return [Choice(self.pattern[(self.round + 5 * b) % len(self.pattern)], "zigzag") for b in range(len(view.rows))]
+
+    def draft_stop(self):
+        return None
+
+
+def test_rounds_without_drafts_between_drafting_rounds(tiny, target_lm):
+    """Rows skip rounds (nothing proposed, so the draft model's commit is skipped too) and draft again later: the
+    output is the target's greedy output, and every draft is the draft model's own greedy continuation of the
+    row's text at that round (its cache caught up on the tokens it skipped, nothing stale)."""
+    drafter = make_drafter(tiny["draft_close"], target_lm)
+    dec = SpeculativeDecoder(target_lm, drafter)
+    prompts = [target_lm.encode(p) for p in PROMPTS[:5]]
+    want = SpeculativeDecoder(target_lm, None).generate(prompts, k=0, max_new_tokens=24).output_tokens
+    rounds = []
+    unsub = dec.hooks.subscribe(lambda e: rounds.append(e) if getattr(e, "phase", "") == "verify" else None)
+    try:
+        got = dec.generate(prompts, k=4, max_new_tokens=24, policy=_Zigzag()).output_tokens
+    finally:
+        unsub()
+    assert got == want
+    solo = SpeculativeDecoder(drafter.lm, None)
+    checked = 0
+    for e in rounds:
+        for r in e.rows:
+            if not r.num_drafted:
+                continue
+            drafts = [t.token for t in r.tokens if t.status in ("accepted", "rejected")]
+            g0 = r.tokens[0].position
+            own = solo.generate([prompts[r.row] + got[r.row][:g0]], k=0, max_new_tokens=len(drafts),
+                                stop_on_eos=False, record=False).output_tokens[0]
+            assert drafts == own, (r.row, g0)
+            checked += 1
+    assert checked >= 10 and any(r.num_drafted == 0 for e in rounds for r in e.rows)
+
+
 def test_events_carry_k_and_reason(tiny, target_lm):
     dec = SpeculativeDecoder(target_lm, make_drafter(tiny["draft_close"], target_lm))
     res = dec.generate(PROMPTS[:3], k=3, max_new_tokens=12, policy="heuristic")

@@ -86,7 +86,9 @@ class Drafter(Protocol):
         draws sampled rows draw with (None when every row is greedy); ``stop`` may end a row's draft early."""
 
     def commit(self, ctx: DraftContext, verified: Verified) -> None:
-        """Verification is done: ``ctx.lengths`` are the rows' new lengths. Roll back what was rejected."""
+        """Verification is done: ``ctx.lengths`` are the rows' new lengths. Roll back what was rejected. Called
+        after every round that proposed, and after every round for a drafter with ``features`` (it takes the
+        target's hidden states of the committed tokens); a round in which nothing was proposed skips the others."""
 
     def move_row(self, src: int, dst: int) -> None:
         """Row ``src`` now lives in slot ``dst`` (a finished row's slot is reused)."""

@@ -505,7 +505,9 @@ class Scheduler:
                                         tpn_h[b] if tpn_h else None, reason, r.request_id, ks[b], why[b]))
         self.lengths[:n] = torch.tensor([len(r.context) for r in rows], device=dev)  # the rollback
         self.cache.commit(self.lengths[:n] - 1, rows=slice(0, n))
-        if drafter is not None and self.k_max > 0:  # also after a round without drafts: the features go on
+        # after a round without drafts only a drafter fed the target's features has anything to take in (a draft
+        # model's cache is behind the committed tokens already, and catches up when it next drafts)
+        if drafter is not None and self.k_max > 0 and (prop is not None or self.draft_features):
             from ..drafters.base import Verified
 
             feats = out.hidden if self.draft_features else {}
