@@ -20,8 +20,9 @@ and hands each request's output to the asyncio task serving it.
   ``(ERROR, message, request)``. The request object here mirrors the core's: ``generated`` grows with
   every delivery, and its end state is copied over when it finishes.
 * **Clocks.** A request's clock starts when the HTTP side reads its first bytes (``Request.arrival``, see
-  :mod:`.arrival`; vLLM's arrival time is when its API server receives the request), and its first-token, inter-token and finish times are when its tokens reach this side: what a
-  client sees, less the network and the chunk's writing. Both sides read the same monotonic clock.
+  :mod:`.arrival`; vLLM's arrival time is when its API server receives the request), and its first-token,
+  inter-token and finish times are when its tokens reach this side: what a client sees, less the network and
+  the chunk's writing. Both sides read the same monotonic clock.
 * **Faults.** A step that raises fails only its requests (the core rebuilds its scheduler). If the core
   itself dies, every request in flight fails and ``/health`` turns 503.
 """
