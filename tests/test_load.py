@@ -348,6 +348,7 @@ def test_late_delivery_of_plain_steps_reads_as_plain():
     fp = _level(traces)
     assert fp["near_zero_share"] > fingerprint.BURSTY_SHARE
     assert fp["pace_ratio"] == pytest.approx(2.0, abs=0.3)
+    assert fp["pace_per_token"] == pytest.approx(1.0, abs=0.15)  # each late token still waited one step
     assert fp["call"] == "late"
     v = fingerprint.verdict([("c1", 1, fp)])
     assert v["verdict"] == "plain" and "late delivery" in v["evidence"][0]
@@ -358,6 +359,31 @@ def test_late_delivery_of_plain_steps_reads_as_plain():
         split.append((t2, [1] * len(t2)))
     assert _level(split)["call"] == "late" and _level(split, "none")["call"] == "late"
     assert _level(traces, "total")["call"] == "bursty"  # chunk times and N alone cannot place the zeros
+
+
+def test_a_level_mixing_plain_steps_and_drafting_rounds_reads_bursty():
+    """An adaptive server that drafts in some rounds and not in others: plain steps bring one token after a step,
+    drafting rounds 2-5 tokens after a longer wait that grows with the draft length (as SGLang-style tiers do).
+    Pace ratio and slope both look like late delivery; the per-token pace (~0.5: the drafted tokens come faster
+    than plain steps) does not, where late delivery keeps it near 1 (test above)."""
+    rng = random.Random(7)
+    traces = []
+    for _ in range(8):
+        times, counts, t = [0.05], [1], 0.05
+        while sum(counts) < 40:
+            if rng.random() < 0.6:  # a plain step
+                t += ROUND * math.exp(rng.gauss(0, 0.1))
+                counts.append(1)
+            else:  # a round drafting k = 1, 2 or 4: the draft steps and the wider verify make it longer
+                k = rng.choice((1, 2, 4))
+                t += ROUND * (1 + 0.35 * k) * math.exp(rng.gauss(0, 0.1))
+                counts.append(1 + sum(1 for _ in range(k) if rng.random() < 0.85))
+            times.append(t)
+        traces.append((times, counts))
+    fp = _level(traces)
+    assert fp["pace_ratio"] >= fingerprint.LAG_PACE and fp["pace_slope"] >= fingerprint.LAG_SLOPE  # the old rule: late
+    assert fp["pace_per_token"] < fingerprint.LAG_PER_TOKEN
+    assert fp["call"] == "bursty"
 
 
 def test_client_stalls_blur_chunk_times_and_their_gaps_are_left_out():

@@ -30,6 +30,14 @@ The rule (constants below):
    1.5-2 or far more, slope about 1). Measured on speclab serve and vLLM (draft model and n-gram, 1 to
    16 concurrent requests, on 2 busy cores): speculation 0.70-1.56 and -0.10-0.11; plain decoding
    delivered late 1.45-2.6 (750 when a whole stream came at once) and 0.35-1.4 (slope 0.35 once).
+   Both rise as well when a server mixes plain steps with verification rounds in one level (an adaptive
+   policy that drafts in some rounds and not in others: its multi-token bursts come after the longer
+   rounds, and longer drafts take longer and yield larger bursts). The third statistic tells that apart:
+   the *per-token pace*, the median over multi-token bursts of gap / tokens, over the median one-token
+   gap. Late delivery conserves the pace (each token of a late burst still waited one step: about 1);
+   a round that drafts pays off only when it brings its tokens faster than plain steps (below 1).
+   Measured on speclab serve with adaptive policies mixing rounds (2026-12-01): 0.52-0.80 where the
+   first two called them late.
 4. The client's own stalls: :mod:`.runner` records when this client's event loop woke up late (the
    process was descheduled or busy). Data that arrived meanwhile is read, and stamped, all at once
    when it resumes, which can squeeze a real gap to nothing, but only a gap shorter than the stall:
@@ -39,8 +47,9 @@ The rule (constants below):
 5. A load level is **smooth** when fewer than ``BURSTY_SHARE`` (8%) of its per-token gaps, pooled over
    its requests, are near zero (mean burst < 1.09 tokens). Otherwise, when it has at least
    ``MIN_PACE_BURSTS`` (8) one-token and multi-token bursts each, it is **late** when the pace ratio is
-   at least ``LAG_PACE`` (1.4) and the pace slope at least ``LAG_SLOPE`` (0.25), **bursty** if not
-   (requiring both keeps one noisy statistic from calling speculation late); with fewer bursts it is
+   at least ``LAG_PACE`` (1.4), the pace slope at least ``LAG_SLOPE`` (0.25) and the per-token pace at
+   least ``LAG_PER_TOKEN`` (0.8), **bursty** if not (requiring all three keeps one noisy statistic from
+   calling speculation late); with fewer bursts it is
    **bursty** when at least ``STRONG_SHARE`` (15%) of the gaps are near zero and **unknown** below that
    (too little to tell speculation from late delivery). A level with fewer than ``MIN_GAPS`` (20)
    known gaps is **unknown**.
@@ -54,7 +63,8 @@ the CV of the chunk gaps, the largest burst, and histograms of tokens per chunk,
 gaps relative to the mean.
 
 Limits: speculation accepting almost nothing (mean burst < 1.09 tokens) reads as plain; a speculative
-server whose delivery also lags can read as late (plain); a starved client leaves too few trustworthy
+server whose delivery also lags can read as late (plain), and so can one whose drafting rounds bring their
+tokens no faster than its plain steps (a per-token pace of 0.8 or more: drafting that does not pay); a starved client leaves too few trustworthy
 gaps, and the level is unknown.
 """
 
@@ -70,6 +80,7 @@ STRONG_SHARE = 0.15
 MIN_GAPS = 20
 LAG_PACE = 1.4
 LAG_SLOPE = 0.25
+LAG_PER_TOKEN = 0.8
 MIN_PACE_BURSTS = 8  # one-token and multi-token bursts each, for the pace ratio and slope
 PAIR_SPAN = 20  # the slope compares each burst with the next 20 of its request
 ESTIMATE_CHUNKS = 1.05
@@ -230,17 +241,19 @@ def level_fingerprint(pacings: list[dict | None]) -> dict:
         per_burst = n_gaps / long_gaps if long_gaps else None
     one = sorted(g for g, s in bursts if s == 1 and g is not None)
     multi = sorted(g for g, s in bursts if s > 1 and g is not None)
-    pace = slope = None
+    pace = slope = per_token = None
     if len(one) >= MIN_PACE_BURSTS and len(multi) >= MIN_PACE_BURSTS:
         m1 = _median(one)
         pace = _median(multi) / m1 if m1 > 0 else math.inf
         slope = pace_slope([p["bursts"] for p in ps if p["bursts"] is not None])
+        per_token = _median(sorted(g / s for g, s in bursts if s > 1 and g is not None)) / m1 if m1 > 0 else math.inf
     if n_gaps < MIN_GAPS:
         call = "unknown"
     elif share < BURSTY_SHARE:
         call = "smooth"
     elif pace is not None:
-        call = "late" if pace >= LAG_PACE and (slope is None or slope >= LAG_SLOPE) else "bursty"
+        late = pace >= LAG_PACE and (slope is None or slope >= LAG_SLOPE) and per_token >= LAG_PER_TOKEN
+        call = "late" if late else "bursty"
     else:
         call = "bursty" if share >= STRONG_SHARE else "unknown"
     per_chunk = sum(sizes) / len(sizes) if sizes else None
@@ -261,6 +274,7 @@ def level_fingerprint(pacings: list[dict | None]) -> dict:
         "cv_chunk_gaps": _cv(chunk_gaps_rel),
         "pace_ratio": pace,
         "pace_slope": slope,
+        "pace_per_token": per_token,
         "max_burst": max((s for _, s in bursts), default=None),
         "tokens_per_chunk_hist": _hist(sizes) if sizes else None,
         "tokens_per_burst_hist": _hist(s for _, s in bursts) if bursts else None,
@@ -304,14 +318,16 @@ def _evidence_line(label: str, fp: dict) -> str:
         parts.append(f"pace ratio {fp['pace_ratio']:.2f}")
     if fp.get("pace_slope") is not None:
         parts.append(f"pace slope {fp['pace_slope']:.2f}")
+    if fp.get("pace_per_token") is not None:
+        parts.append(f"per-token pace {fp['pace_per_token']:.2f}")
     if fp["max_burst"] is not None:
         parts.append(f"largest burst {fp['max_burst']}")
     if fp.get("blurred_chunks"):
         parts.append(f"{fp['blurred_chunks']} chunk gaps left out (stamped right after this client stalled)")
     line = ", ".join(parts) + f" -> {fp['call']}"
     if fp["call"] == "late":
-        line += (f" (bursts come after waits {fp['pace_ratio']:.1f}x as long as single tokens do: late delivery, "
-                 f"not speculation; counted as smooth)")
+        line += (f" (bursts come after waits {fp['pace_ratio']:.1f}x as long as single tokens do, each of their "
+                 f"tokens no faster than a single one: late delivery, not speculation; counted as smooth)")
     elif fp["call"] == "unknown":
         line += (f" (fewer than {MIN_PACE_BURSTS} bursts of each kind and under {STRONG_SHARE:.0%} near-zero gaps: "
                  f"too little to tell speculation from late delivery)")
