@@ -64,8 +64,8 @@ gaps relative to the mean.
 
 Limits: speculation accepting almost nothing (mean burst < 1.09 tokens) reads as plain; a speculative
 server whose delivery also lags can read as late (plain), and so can one whose drafting rounds bring their
-tokens no faster than its plain steps (a per-token pace of 0.8 or more: drafting that does not pay); a starved client leaves too few trustworthy
-gaps, and the level is unknown.
+tokens no faster than its plain steps (a per-token pace of 0.8 or more: drafting that does not pay); a
+starved client leaves too few trustworthy gaps, and the level is unknown.
 """
 
 from __future__ import annotations
