@@ -218,7 +218,7 @@ async def _exchange(client: httpx.AsyncClient, endpoint: Endpoint, prompt: str, 
         if response.status_code != 200:
             body = await response.aread()
             raise _StreamError(f"HTTP {response.status_code}: {_error_message(body)}", "http_status")
-        await _read_stream(response, rec, t0)
+        await _read_stream(response, rec, written[0] if written else t0)  # times from the request on the wire
 
 
 async def send(client: httpx.AsyncClient, endpoint: Endpoint, prompt: str, rec: RequestRecord) -> RequestRecord:
@@ -244,10 +244,7 @@ async def send(client: httpx.AsyncClient, endpoint: Endpoint, prompt: str, rec: 
                                      f"{str(e)[:120]}"), "truncated"
     except httpx.HTTPError as e:
         rec.error, rec.error_kind = f"{type(e).__name__}: {str(e)[:160]}", "connection"
-    if written:  # times from the request on the wire, not from the call
-        wait = written[0] - t0
-        rec.send_wait, rec.sent = wait, rec.sent + wait
-        rec.chunk_times = [t - wait for t in rec.chunk_times]
-        if rec.done_time is not None:
-            rec.done_time -= wait
+    if written:  # the chunks were timed from the request on the wire: so is sent
+        rec.send_wait = written[0] - t0
+        rec.sent += rec.send_wait
     return rec

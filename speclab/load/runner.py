@@ -227,8 +227,7 @@ def loop_factory(name: str = "auto"):
     return uvloop.new_event_loop
 
 
-def _run_fresh(coro, loop: str):
-    factory = loop_factory(loop)
+def _run_fresh(coro, factory):
     if factory is None or sys.version_info < (3, 11):
         return asyncio.run(coro)
     with asyncio.Runner(loop_factory=factory) as runner:
@@ -239,12 +238,12 @@ def run(endpoint: Endpoint, spec: LoadSpec) -> dict:
     """Synchronous :func:`run_async` (for the CLI, the benchmark and notebooks) on a fresh event loop
     (:func:`loop_factory`). Called where an event loop already runs in this thread (a Jupyter kernel), it
     runs the load in a worker thread."""
-    loop_factory(spec.loop)  # a missing uvloop fails here, in one line
+    factory = loop_factory(spec.loop)  # a missing uvloop fails here, in one line
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return _run_fresh(run_async(endpoint, spec), spec.loop)
+        return _run_fresh(run_async(endpoint, spec), factory)
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(_run_fresh, run_async(endpoint, spec), spec.loop).result()
+        return pool.submit(_run_fresh, run_async(endpoint, spec), factory).result()

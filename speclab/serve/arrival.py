@@ -31,9 +31,10 @@ class ArrivalClock:
 
 def stamping_protocol(http: str = "auto"):
     """uvicorn's HTTP protocol class for ``http`` (auto, httptools or h11), subclassed so that every
-    request's scope carries the time the bytes that began it were read (``ARRIVAL``). uvicorn builds a
-    request's scope while it parses those bytes, inside ``data_received``; the stamp is the time that call
-    began, set on a scope only once (a request whose headers span several reads keeps the first)."""
+    request's scope carries the time its bytes were read (``ARRIVAL``). uvicorn builds a request's scope
+    inside ``data_received`` while it parses them; the stamp is the time of the read in which the scope was
+    built, set once: with httptools the read holding the request's first bytes, with h11 the one completing
+    its headers (the same read unless the headers come in pieces)."""
     from uvicorn.config import HTTP_PROTOCOLS
     from uvicorn.importer import import_from_string
 
