@@ -508,6 +508,20 @@ def test_bench_serve_crossover_saturation_identity():
     assert median_rep(reps[:2])[1] == {"n": 1} and median_rep(reps[:1])[1] == {"n": 0}
 
 
+def test_interleaved_overhead_summary():
+    from speclab.analysis.serve_overhead import summarize
+
+    pairs = [{"served_s": 0.2, "served_tokens": 32, "solo_s": 0.18, "solo_tokens": 32, "identical": True},
+             {"served_s": 0.1, "served_tokens": 16, "solo_s": 0.1, "solo_tokens": 16, "identical": True},
+             {"served_s": 0.4, "served_tokens": 32, "solo_s": 0.2, "solo_tokens": 32, "identical": False}]
+    s = summarize(pairs)
+    # summed: served 80 tokens / 0.7 s, solo 80 / 0.48 s -> 0.48 / 0.7; a slow pair weighs by its time
+    assert s["ratio"] == pytest.approx(0.48 / 0.7) and s["served_tok_s"] == pytest.approx(80 / 0.7)
+    assert s["median_pair"] == pytest.approx(0.9)  # pairs 0.9, 1.0, 0.5
+    assert s["identical"] == 2
+    assert summarize([])["ratio"] is None
+
+
 # ---------------------------------------------------------------- the client against a misbehaving server
 # A real HTTP server (FastAPI + uvicorn on a free port) that fails on purpose, chosen by the request's model
 # name: the only way to check that errors, hangs and cut streams become failed requests with reasons.
@@ -830,6 +844,9 @@ def test_bench_serve_small(tmp_path, capsys):
         assert len(r["tok_s_reps"]) == 2 and r["tok_s"] == min(r["tok_s_reps"])
     ov = res["server_overhead"]  # one served/solo pair per repetition at concurrency 1, measured back to back
     assert len(ov["ratios"]) == 2 and all(x > 0 for x in ov["ratios"]) and min(ov["ratios"]) <= ov["median"]
+    iv = ov["interleaved"]  # and request by request: the 3 prompts of the level, once per repetition
+    assert len(iv["pairs"]) == 6 and iv["identical"] == 6 and iv["ratio"] > 0
+    assert all(p["served_tokens"] == p["solo_tokens"] == 16 for p in iv["pairs"])
     assert {(r["server"], r["concurrency"]) for r in res["rows"]} == {
         (s, c) for s in ("speclab plain", "speclab speculative") for c in (1, 2)}
     assert all(r["failed"] == 0 and r["tok_s"] > 0 for r in res["rows"])

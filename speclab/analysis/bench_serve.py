@@ -211,6 +211,14 @@ class SoloDecoder:
             tokens += res.output_tokens[0] if isinstance(res.output_tokens[0], int) else len(res.output_tokens[0])
         return outs, {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall else None}
 
+    def one(self, text: str, max_tokens: int) -> tuple[float, int, str]:
+        """One text: (seconds, output tokens, output text)."""
+        t0 = time.perf_counter()
+        res = self.dec.generate([text], k=0, max_new_tokens=max_tokens, temperature=0.0)
+        wall = time.perf_counter() - t0
+        n = res.output_tokens[0] if isinstance(res.output_tokens[0], int) else len(res.output_tokens[0])
+        return wall, n, res.texts[0]
+
 
 def overhead_ratios(pairs: list[tuple[float | None, float | None]]) -> dict:
     """The server's plain tokens/s at concurrency 1 over solo generation's, from ``(served, solo)`` pairs each
@@ -258,6 +266,8 @@ def run_serve_bench(args) -> int:
     texts_of: dict[str, str] = {}
     levels_by_wl: dict[str, list[int]] = {}
     overhead_pairs: list[tuple] = []  # (served plain tok/s at concurrency 1, solo tok/s), back to back
+    overhead_texts: dict[str, list[str]] = {}  # per workload: the prompts its concurrency-1 level sent
+    interleaved = None
 
     @functools.cache
     def solo_decoder() -> SoloDecoder:  # loaded once, when first needed
@@ -328,6 +338,7 @@ def run_serve_bench(args) -> int:
                 if c == 1:  # the prompts the level sends, in order: the solo baseline of the server's overhead
                     order = request_order(prompts_by_wl[wl], args.seed)
                     texts = [order[j % len(order)].prompt for j in range(n_requests(1))]
+                    overhead_texts[wl] = texts
                 for rep in range(reps):
                     shift = (i + rep) % len(up)
                     for name, srv, model in up[shift:] + up[:shift]:
@@ -343,6 +354,15 @@ def run_serve_bench(args) -> int:
                     break
                 prev = p["tok_s"]
             levels_by_wl[wl] = done
+        if overhead_texts:  # request by request, the servers otherwise idle (see .serve_overhead)
+            from .serve_overhead import interleaved_overhead
+
+            log("server overhead: each concurrency-1 prompt served by speclab plain and generated solo, back to "
+                "back ...")
+            solo = solo_decoder()
+            texts_all = [t for _ in range(reps) for ts in overhead_texts.values() for t in ts]
+            interleaved = interleaved_overhead(up[0][1].url, texts_all, max_tokens,
+                                               functools.partial(solo.one, max_tokens=max_tokens))
     finally:
         for _, srv, _ in up:
             srv.stop()
@@ -357,7 +377,8 @@ def run_serve_bench(args) -> int:
               "max_tokens": max_tokens, "reps": reps,
               "requests_per_level": {c: n_requests(c) for cs in levels_by_wl.values() for c in cs},
               "levels": levels_by_wl, "rows": rows, "crossover": cross,
-              "identity": ident, "solo_generate": solo_speed, "server_overhead": overhead_ratios(overhead_pairs),
+              "identity": ident, "solo_generate": solo_speed,
+              "server_overhead": {**overhead_ratios(overhead_pairs), "interleaved": interleaved},
               "vllm_notes": vllm_notes,
               "wall_s": time.perf_counter() - t_start, "load_results": results}
     if "vllm plain" in servers:
@@ -371,9 +392,15 @@ def run_serve_bench(args) -> int:
                                      f"speculation pays at every level measured (up to concurrency "
                                      f"{cx['highest_measured']})") + f"   (speculative / plain tokens/s: {sp})")
     ov = result["server_overhead"]
+    iv = ov["interleaved"]
+    if iv is not None and iv["ratio"] is not None:
+        print(f"server overhead: plain at concurrency 1 over solo generate -k 0, request by request "
+              f"({len(iv['pairs'])} prompts, each served and generated solo back to back): {iv['ratio']:.2f}x tokens/s "
+              f"({num(iv['served_tok_s'])} / {num(iv['solo_tok_s'])}; median pair {iv['median_pair']:.2f}x; "
+              f"{iv['identical']} of {len(iv['pairs'])} outputs identical)")
     if ov["median"] is not None:
-        print(f"server overhead: plain at concurrency 1 over solo generate -k 0 on the same prompts, measured back to "
-              f"back: {ov['median']:.2f}x (median of {', '.join(f'{x:.2f}' for x in ov['ratios'])})")
+        print(f"server overhead, level by level (each concurrency-1 level against a solo pass over its prompts "
+              f"right after): {ov['median']:.2f}x (median of {', '.join(f'{x:.2f}' for x in ov['ratios'])})")
     for server, d in ident["servers"].items():
         print(f"greedy identity, {server}: {d['identical']} of {d['prompts_checked']} prompts identical to solo "
               f"generation" + (f"; first mismatch {d['mismatches'][0]}" if d["mismatches"] else ""))
