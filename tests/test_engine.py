@@ -315,3 +315,52 @@ def test_grouped_prefill_rows_equal_their_solo_runs(tiny, target_lm):
     batch = dec.generate(prompts, k=3, max_new_tokens=12).output_tokens
     for p, out in zip(prompts, batch):
         assert out == dec.generate([p], k=3, max_new_tokens=12).output_tokens[0], p
+
+
+@pytest.fixture(scope="module")
+def target_both_layouts(tiny):
+    """The tiny target as a model too big for the cache is kept: each matmul weight in both layouts."""
+    import speclab.models.native_llama as nl
+
+    old = nl.CACHE_RESIDENT_BYTES
+    nl.CACHE_RESIDENT_BYTES = 0
+    try:
+        lm = load_model(tiny["target"], device="cpu")
+    finally:
+        nl.CACHE_RESIDENT_BYTES = old
+    assert lm.native.both_layouts
+    return lm
+
+
+def test_matmul_layout_follows_the_rows(target_lm, target_both_layouts):
+    """A model kept in both layouts multiplies 2..10 activation rows by W as given (F.linear) and every other
+    count by the stored W^T; a model that fits in the cache keeps W^T alone."""
+    import torch.nn.functional as F
+
+    from speclab.models.native_llama import FEW_ROWS, Weight
+
+    assert not target_lm.native.both_layouts and target_lm.native.lm_head.w is None
+    nat = target_both_layouts.native
+    w = nat.layers[0][1]
+    assert isinstance(w, Weight) and torch.equal(w.w.t(), w.t)
+    C = w.t.shape[0]
+    for rows in (1, FEW_ROWS[0], 4, FEW_ROWS[1], FEW_ROWS[1] + 1, 32):
+        x = torch.randn(1, rows, C)
+        got = nat._lin(x, w)
+        few = FEW_ROWS[0] <= rows <= FEW_ROWS[1]
+        assert torch.equal(got, F.linear(x, w.w) if few else x @ w.t), rows
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_greedy_equivalence_with_both_layouts(tiny, target_both_layouts, hf_greedy, k):
+    """Verification blocks of 2..5 rows and small batches take the other kernel: still the target's own
+    greedy output, alone and in a ragged batch."""
+    lm = target_both_layouts
+    dec = SpeculativeDecoder(lm, _drafter("draft_close", tiny, lm))
+    plain = SpeculativeDecoder(lm, None)
+    for p in PROMPTS[:8]:
+        assert dec.generate([p], k=k, max_new_tokens=NEW).output_tokens[0] == hf_greedy[p], (p, k)
+        assert plain.generate([p], k=0, max_new_tokens=NEW).output_tokens[0] == hf_greedy[p], p
+    batch = PROMPTS[8:11]
+    for p, out in zip(batch, dec.generate(batch, k=k, max_new_tokens=NEW).output_tokens):
+        assert out == hf_greedy[p], (p, k)

@@ -118,9 +118,32 @@ class StaticKVCache:
             vv[r, :, dst] = vv[r, :, src]
 
 
+# Which layout of a matmul weight is faster on the CPU depends on the rows M of the activations and on
+# whether the weights stay in the cache (torch 2.13's MKL on this 2-core machine, one thread, each whole
+# forward timed both ways, interleaved; docs/engine.md "Matmul layouts on the CPU"):
+# * x @ W^T with W^T stored contiguous: the fastest at M = 1 (decoding one row: 4.2 against 4.95 ms per
+#   target forward) and from M = 16 on (4-13% at 16-40);
+# * F.linear(x, W) with W as given: faster at M = 2..10 once the weights come from memory (the target, 21 MB:
+#   0.70-0.92x the time; one row verifying 2 tokens 5.1 against 6.8 ms, 2 rows decoding 4.8 against 6.8 ms);
+#   even at 12;
+# * a model whose weights fit in the cache (the drafts, at most 1.7 MB) gains nothing from the second layout.
+FEW_ROWS = (2, 10)  # activation rows for which F.linear(x, W) is used, when the model keeps both layouts
+CACHE_RESIDENT_BYTES = 8 << 20  # matmul weights up to this size stay in the cache: one layout (W^T)
+BOTH_LAYOUTS_MAX_BYTES = 2 << 30  # above this, a second copy of the weights costs too much memory
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A matmul weight on the CPU: ``t`` (in, out) contiguous, and ``w`` (out, in) or None (see FEW_ROWS)."""
+
+    t: torch.Tensor
+    w: torch.Tensor | None = None
+
+
 class NativeLlama:
-    """The forward. Weights are shared with the Hugging Face model (views), except on the CPU where
-    the matmul weights are stored transposed (a measured speed-up for few-row matmuls)."""
+    """The forward. Weights are shared with the Hugging Face model (views), except on the CPU where the
+    matmul weights are stored transposed, and for models that do not stay in the cache also as given
+    (:class:`Weight`: each matmul takes the layout whose kernel is faster for its number of rows)."""
 
     def __init__(self, hf_model):
         cfg = hf_model.config
@@ -132,21 +155,29 @@ class NativeLlama:
                              cfg.hidden_size, cfg.rms_norm_eps, theta, cfg.max_position_embeddings)
         m = hf_model.model
         self.embed = m.embed_tokens.weight  # (V, C)
-        # On the CPU, x @ W^T with W^T stored contiguous is measurably faster than F.linear for the
-        # few-row matmuls of decoding (MKL picks a better kernel); on CUDA F.linear is already optimal
-        # and a transposed copy would double weight memory.
-        self.pretransposed = self.embed.device.type == "cpu"
-        prep = (lambda w: w.t().contiguous()) if self.pretransposed else (lambda w: w)
-        self.lm_head = prep(hf_model.lm_head.weight)  # (C, V) on CPU, (V, C) elsewhere; tied or not
-        self.final_norm = m.norm.weight
-        self.layers = []
+        # Matmul weights on the CPU (see Weight): stored transposed, and for a model whose weights do not stay
+        # in the cache, also as given, for the few-row matmuls where MKL's kernel for that layout is faster.
+        # On CUDA F.linear is already optimal and a second copy would double weight memory.
+        self.cpu = self.embed.device.type == "cpu"
+        wqkvs, w13s = [], []
         for layer in m.layers:
             a, f = layer.self_attn, layer.mlp
             # fuse q/k/v and gate/up into one matmul each: fewer kernel launches per token
-            wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], 0)  # (Hq*D + 2*Hkv*D, C)
-            w13 = torch.cat([f.gate_proj.weight, f.up_proj.weight], 0)  # (2F, C)
-            self.layers.append((layer.input_layernorm.weight, prep(wqkv), prep(a.o_proj.weight),
-                                layer.post_attention_layernorm.weight, prep(w13), prep(f.down_proj.weight)))
+            wqkvs.append(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], 0))  # (Hq*D + 2*Hkv*D, C)
+            w13s.append(torch.cat([f.gate_proj.weight, f.up_proj.weight], 0))  # (2F, C)
+        mats = [hf_model.lm_head.weight] + wqkvs + w13s + [w for layer in m.layers
+                                                             for w in (layer.self_attn.o_proj.weight,
+                                                                       layer.mlp.down_proj.weight)]
+        nbytes = sum(w.numel() * w.element_size() for w in mats)
+        self.both_layouts = self.cpu and CACHE_RESIDENT_BYTES < nbytes <= BOTH_LAYOUTS_MAX_BYTES
+        prep = (lambda w: Weight(w.t().contiguous(), w.contiguous() if self.both_layouts else None)) if self.cpu \
+            else (lambda w: w)
+        self.lm_head = prep(hf_model.lm_head.weight)  # tied or not
+        self.final_norm = m.norm.weight
+        self.layers = []
+        for layer, wqkv, w13 in zip(m.layers, wqkvs, w13s):
+            self.layers.append((layer.input_layernorm.weight, prep(wqkv), prep(layer.self_attn.o_proj.weight),
+                                layer.post_attention_layernorm.weight, prep(w13), prep(layer.mlp.down_proj.weight)))
         d = self.cfg.head_dim
         inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))  # (D/2,)
         # + headroom: a round may verify up to K+1 positions past the last real token
@@ -187,8 +218,13 @@ class NativeLlama:
             self._causal = torch.ones(n, n, dtype=torch.bool, device=self._causal.device).tril()
         return self._causal[p0:kv_len, :kv_len]  # (T, S)
 
-    def _lin(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return x @ w if self.pretransposed else F.linear(x, w)
+    @staticmethod
+    def _lin(x: torch.Tensor, w) -> torch.Tensor:
+        if isinstance(w, Weight):
+            if w.w is not None and FEW_ROWS[0] <= x.numel() // x.shape[-1] <= FEW_ROWS[1]:
+                return F.linear(x, w.w)
+            return x @ w.t
+        return F.linear(x, w)
 
     def _mask(self, start, T, kv_len, tree_mask):
         """(n, 1, T, S) bool: slot s is visible from block token t of row b.
