@@ -48,3 +48,24 @@ def test_compare_grid_defaults():
     full = argparse.Namespace(workload=None, prompts_per_workload=None, ks="4", batches=None, reps=None, full=True)
     resolve_grid(full)
     assert full.ks == "4" and full.workload == FULL["workload"] and full.batches == FULL["batches"]
+
+
+def test_layouts_smoke(tmp_path, capsys):
+    """`bench --layouts`: the target (21 MB of weights) is kept in both layouts and timed both ways, the draft in
+    one; generate with the engine's choice gives the same tokens as with W^T everywhere."""
+    if not {"target", "draft-xs-distill"} <= {m["name"] for m in list_models()}:
+        pytest.skip("family not trained")
+    from speclab.cli import main
+    from speclab.models.native_llama import FEW_ROWS
+
+    out = tmp_path / "layouts.json"
+    rc = main(["bench", "--layouts", "--draft", "draft-xs-distill", "--reps", "3", "--batches", "1,2", "--ks", "0,2",
+               "--max-new-tokens", "8", "--threads", "1", "--json", str(out)])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert rep["few_rows"] == list(FEW_ROWS)
+    tgt, drf = rep["forwards"]["target"], rep["forwards"]["draft-xs-distill"]
+    assert all(r["w_ms"] > 0 and r["w_t_ms"] > 0 for r in tgt) and all("w_ms" not in r for r in drf)
+    assert [(r["batch"], r["k"]) for r in rep["end_to_end"]] == [(1, 0), (1, 2), (2, 0), (2, 2)]
+    assert all(r["identical"] and len(r["ratios"]) == 3 for r in rep["end_to_end"])
+    assert "engine's choice" in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """``speclab bench``: the acceptance report (default), ``--compare`` (speclab vs Hugging Face),
-``--policies`` and ``--synthetic`` (draft-length policies; the synthetic landscape vs the cost model)."""
+``--policies`` and ``--synthetic`` (draft-length policies; the synthetic landscape vs the cost model),
+``--layouts`` (matmul weight layouts on the CPU)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ def cmd_bench(args) -> int:
         from .bench_policies import run_from_args as run_policies
 
         return run_policies(args)
+    if getattr(args, "layouts", False):
+        from .bench_layouts import run_layouts_bench
+
+        return run_layouts_bench(args)
     if getattr(args, "heads", False):
         from .bench_heads import run_heads_bench
 
@@ -85,5 +90,8 @@ def add_commands(subparsers) -> None:
 
     add_experiment_arguments(b)
     add_heads_arguments(b)
+    b.add_argument("--layouts", action="store_true", help="matmul weight layouts on the CPU: forwards per number of "
+                   "rows, and generate with the engine's choice against W^T everywhere (--batches, default 1,4; --ks, "
+                   "default 0,2,4; --reps, default 15 forwards and 6 generations per cell)")
     add_policy_arguments(b)
     b.set_defaults(func=cmd_bench)
