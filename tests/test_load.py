@@ -904,3 +904,40 @@ def test_verdicts_and_counters_on_vllm(tmp_path):
     assert cmp_["outside_estimate"] == pytest.approx(cmp_["server_mean_acceptance_length"], rel=0.15)
     texts = [{r["prompt_id"]: r["text"] for r in res["levels"][0]["requests"]} for res in results.values()]
     assert texts[0] == texts[1]  # greedy: speculation changes nothing
+
+
+def test_run_on_new_loop_uses_the_factory_and_cleans_up():
+    """Python 3.10's path for --loop: the coroutine runs on the factory's loop (not silently on asyncio's
+    default), leftover tasks are cancelled and the loop is closed, as asyncio.run does."""
+    import asyncio as _asyncio
+
+    from speclab.load.runner import run_on_new_loop
+
+    made = []
+
+    class Loop(_asyncio.SelectorEventLoop):
+        pass
+
+    def factory():
+        made.append(Loop())
+        return made[-1]
+
+    left = {}
+
+    async def main():
+        left["task"] = _asyncio.ensure_future(_asyncio.sleep(3600))
+        return type(_asyncio.get_running_loop())
+
+    assert run_on_new_loop(main(), factory) is Loop
+    assert len(made) == 1 and made[0].is_closed() and left["task"].cancelled()
+
+
+def test_optional_package_asked_for_by_name():
+    from speclab.errors import SpeclabError
+    from speclab.load.runner import loop_factory
+    from speclab.optional import require_package
+
+    with pytest.raises(SpeclabError, match=r"^--loop no_such_pkg_x: the package 'no_such_pkg_x' is not installed"):
+        require_package("--loop", "no_such_pkg_x")
+    require_package("--http", "json")  # installed: no error
+    assert loop_factory("asyncio") is None

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ..errors import SpeclabError
+from ..optional import require_package
 from . import fingerprint, scrape, stats
 from .client import Endpoint, RequestRecord, send
 from .prompts import request_order
@@ -218,20 +219,42 @@ def loop_factory(name: str = "auto"):
     asyncio's (None)."""
     if name == "asyncio":
         return None
+    if name == "uvloop":
+        require_package("--loop", "uvloop")
     try:
         import uvloop
     except ImportError:
-        if name == "uvloop":
-            raise SpeclabError("--loop uvloop: the package 'uvloop' is not installed (pip install uvloop)") from None
         return None
     return uvloop.new_event_loop
 
 
 def _run_fresh(coro, factory):
-    if factory is None or sys.version_info < (3, 11):
+    if factory is None:
         return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(coro)
+    return run_on_new_loop(coro, factory)
+
+
+def run_on_new_loop(coro, factory):
+    """``coro`` to completion on a fresh loop from ``factory`` (Python 3.10 has no ``asyncio.Runner``): as
+    ``asyncio.run`` does, the tasks left over are cancelled and async generators closed before the loop is."""
+    loop = factory()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in left:
+                t.cancel()
+            if left:
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 def run(endpoint: Endpoint, spec: LoadSpec) -> dict:

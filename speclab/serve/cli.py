@@ -13,12 +13,12 @@ complete, then the process exits 0. A second SIGTERM or Ctrl-C stops at once.
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import socket
 import sys
 
 from ..errors import SpeclabError
+from ..optional import require_package
 
 SPEC_HELP = ("speculation, as vLLM's JSON: {\"method\": \"draft_model\"|\"ngram\"|\"synthetic\", \"model\": NAME, "
              "\"num_speculative_tokens\": K, \"prompt_lookup_max\": N, \"prompt_lookup_min\": N}, or 'none' for plain "
@@ -105,8 +105,8 @@ def cmd_serve(args) -> int:
     check_int("--port", args.port, 0, 65535)
     spec = parse_speculative_config(args.speculative_config) if args.speculative_config is not None else None
     for flag, mod in (("--http", args.http), ("--loop", args.loop)):
-        if mod not in ("auto", "h11", "asyncio") and importlib.util.find_spec(mod) is None:
-            raise SpeclabError(f"{flag} {mod}: the package '{mod}' is not installed (pip install {mod})")
+        if mod not in ("auto", "h11", "asyncio"):
+            require_package(flag, mod)
 
     from ..defaults import default_target, setup_threads
     from ..engine import Off, SpeculativeDecoder, make_policy
