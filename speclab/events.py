@@ -78,6 +78,8 @@ class RoundEvent:
     phase: str = "verify"  # "prefill": new requests' prompts and their first tokens; "verify": a round
     running: int = 0  # requests running after this event
     waiting: int = 0  # requests queued after this event
+    prefix_queries: int = 0  # a prefill with prefix caching: prompt tokens looked up (vLLM's prefix_cache_queries)
+    prefix_hits: int = 0  # of them, copied from the prefix cache instead of run (vLLM's prefix_cache_hits)
 
 
 @dataclass

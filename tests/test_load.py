@@ -475,13 +475,24 @@ def test_scrape_plain_server_and_sglang_gauges():
     w = scrape.window(None, scrape.parse(sg))
     assert w["sglang"]["accept_length"] == 2.75 and w["sglang"]["accept_rate"] == 0.44
     assert scrape.compare(w, 2.5)["server_mean_acceptance_length"] == 2.75
+    assert w["prefix_cache"] is None
+
+
+def test_scrape_prefix_cache_counters_over_a_window():
+    def text(q, h):
+        return (f"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{{engine=\"0\"}} {q}\n"
+                f"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{{engine=\"0\"}} {h}\n")
+
+    w = scrape.window(scrape.parse(text(100, 10)), scrape.parse(text(400, 160)))
+    assert w["prefix_cache"] == {"queries": 300, "hits": 150, "hit_rate": 0.5}
+    assert scrape.window(scrape.parse(text(5, 0)), scrape.parse(text(5, 0)))["prefix_cache"]["hit_rate"] is None
 
 
 # ---------------------------------------------------------------- bench --serve: pure parts
 
 
 def test_bench_serve_crossover_saturation_identity():
-    from speclab.analysis.bench_serve import crossover, doubling, identity, median_rep, overhead_ratios, saturated
+    from speclab.analysis.bench_serve import crossover, doubling, identity, median_rep, prefix_hit_rates, saturated
 
     def rows(wl, plain, spec):
         pairs = (("speclab plain", plain), ("speclab speculative", spec))
@@ -501,8 +512,9 @@ def test_bench_serve_crossover_saturation_identity():
     ident = identity({"a": {"p1": {"x"}, "p2": {"y"}}, "b": {"p1": {"x", "z"}, "p3": {"w"}}}, {"p1": "x", "p2": "y"})
     assert ident["servers"]["a"] == {"prompts_checked": 2, "identical": 2, "mismatches": []}
     assert ident["servers"]["b"]["identical"] == 0 and ident["servers"]["b"]["prompts_checked"] == 1
-    assert overhead_ratios([(180.0, 200.0), (None, 200.0), (210.0, 200.0), (190.0, 200.0)]) == \
-        {"ratios": [0.9, 1.05, 0.95], "median": 0.95}
+    lv = {"server": {"prefix_cache": {"queries": 100.0, "hits": 30.0}}}
+    assert prefix_hit_rates({"a": {"json": {1: lv, 2: lv}}, "b": {"json": {1: {"server": {"prefix_cache": None}}}}}) \
+        == {"a": {"queries": 200.0, "hits": 60.0, "hit_rate": 0.3}, "b": None}
     reps = [({"tok_s": t}, {"n": i}) for i, t in enumerate((300.0, None, 250.0, 410.0, 280.0))]
     assert median_rep(reps)[1] == {"n": 4}  # 0 (failed), 250, [280], 300, 410
     assert median_rep(reps[:2])[1] == {"n": 1} and median_rep(reps[:1])[1] == {"n": 0}
@@ -842,11 +854,11 @@ def test_bench_serve_small(tmp_path, capsys):
     assert res["reps"] == 2
     for r in res["rows"]:  # each cell: both repetitions listed, the kept one is one of them (the lower median)
         assert len(r["tok_s_reps"]) == 2 and r["tok_s"] == min(r["tok_s_reps"])
-    ov = res["server_overhead"]  # one served/solo pair per repetition at concurrency 1, measured back to back
-    assert len(ov["ratios"]) == 2 and all(x > 0 for x in ov["ratios"]) and min(ov["ratios"]) <= ov["median"]
-    iv = ov["interleaved"]  # and request by request: the 3 prompts of the level, once per repetition
+    iv = res["server_overhead"]["interleaved"]  # and request by request: the 3 prompts of the level, once per repetition
     assert len(iv["pairs"]) == 6 and iv["identical"] == 6 and iv["ratio"] > 0
     assert all(p["served_tokens"] == p["solo_tokens"] == 16 for p in iv["pairs"])
+    # the load repeats its 3 prompts at each level and repetition: the speclab servers reuse their prefixes
+    assert all(res["prefix_cache"][s]["hit_rate"] > 0.3 for s in ("speclab plain", "speclab speculative"))
     assert {(r["server"], r["concurrency"]) for r in res["rows"]} == {
         (s, c) for s in ("speclab plain", "speclab speculative") for c in (1, 2)}
     assert all(r["failed"] == 0 and r["tok_s"] > 0 for r in res["rows"])

@@ -352,7 +352,7 @@ def test_overload_gets_429_and_admitted_requests_complete(servers, models):
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
             "vllm:spec_decode_num_accepted_tokens_per_pos", "vllm:generation_tokens", "vllm:prompt_tokens",
             "vllm:request_success", "vllm:admission_rejections", "speclab:spec_decode_num_draft_tokens_per_pos",
-            "speclab:verify_rounds")
+            "speclab:verify_rounds", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "speclab:draft_length")
 HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
               "vllm:e2e_request_latency_seconds", "vllm:request_time_per_output_token_seconds",
@@ -403,6 +403,8 @@ def test_metric_names_types_and_counters_equal_the_engine(servers):
             sum(s["draft_tokens_per_pos"][i] for s in spec if len(s["draft_tokens_per_pos"]) > i)
     assert delta("vllm:generation_tokens_total") == sum(u["completion_tokens"] for u in use)
     assert delta("vllm:prompt_tokens_total") == sum(u["prompt_tokens"] for u in use)
+    assert delta("vllm:prefix_cache_queries_total") == sum(u["prompt_tokens"] for u in use)  # every prompt looked up
+    assert 0 <= delta("vllm:prefix_cache_hits_total") <= delta("vllm:prefix_cache_queries_total")
     assert delta("vllm:time_to_first_token_seconds_count") == len(outs)
     assert delta("vllm:e2e_request_latency_seconds_count") == len(outs)
     assert delta("vllm:inter_token_latency_seconds_count") == sum(s["rounds"] for s in spec)  # one per round
@@ -412,6 +414,22 @@ def test_metric_names_types_and_counters_equal_the_engine(servers):
     for s in spec:  # the per-request ratios derive from the raw counts
         assert s["acceptance_rate"] == pytest.approx(s["accepted_tokens"] / s["drafted_tokens"])
         assert s["mean_acceptance_length"] == pytest.approx(s["accepted_tokens"] / s["rounds"] + 1)
+
+
+def test_a_repeated_prompt_reuses_its_prefix(servers, models):
+    """Prefix caching (on by default): the same prompt again is prefilled from its stored keys and values, all
+    but its last token, and decodes to the same tokens."""
+    url = servers["main"].ready.url
+    body = {"prompt": "A prompt for the prefix cache: " + PROMPTS[2], "max_tokens": 16, "temperature": 0,
+            "return_token_ids": True}
+    outs, hits = [], []
+    for _ in range(2):
+        m0 = scrape(url)
+        outs.append(asyncio.run(_one(url + "/v1/completions", dict(body, stream=False))))
+        hits.append(metric(scrape(url), "vllm:prefix_cache_hits_total") - metric(m0, "vllm:prefix_cache_hits_total"))
+    n = outs[0]["usage"]["prompt_tokens"]
+    assert hits == [0, n - 1]
+    assert outs[0]["token_ids"] == outs[1]["token_ids"] == reference(models, "draft", 4, body)[1]
 
 
 # ------------------------------------------------------------------------------ e) bad input, auth
@@ -487,13 +505,19 @@ def test_plain_decoding_server(models, process):
 
     body = {"prompt": PROMPTS[3], "max_tokens": 20, "temperature": 0.7, "seed": 3, "stream": True,
             "return_token_ids": True, "stream_options": {"include_usage": True}}
-    server = Server(models["target"], None, Off(), served_name="plain", engine_process=process)
+    server = Server(models["target"], None, Off(), served_name="plain", engine_process=process,
+                    prefix_caching=False)
     with InProcess(server) as srv:
         assert server.engine.process == process
         if process:  # the model's work happens in the child, not in this process
             assert server.engine.workers[0].pid != os.getpid()
         out = asyncio.run(_one(srv.url + "/v1/completions", body, {}))
+        again = asyncio.run(_one(srv.url + "/v1/completions", body, {}))
         names = {f.name for f in families(srv.url)}
+        m = scrape(srv.url)
+    assert again["token_ids"] == out["token_ids"]
+    # prefix caching off (--no-enable-prefix-caching): nothing looked up, nothing reused
+    assert metric(m, "vllm:prefix_cache_queries_total") == metric(m, "vllm:prefix_cache_hits_total") == 0
     text, ids, finish = reference(models, None, 0, body)
     assert (out["text"], out["token_ids"], out["finish_reason"]) == (text, ids, finish)
     assert all(len(c) == 1 for c in out["chunks"])  # plain decoding: one token per round

@@ -223,7 +223,9 @@ def test_vllm_batch_table_is_adaptive_and_counters_match_its_engine_log():
     assert set(cells) == {1, 8} and all(c["failed"] == 0 for c in cells.values())
     low, high = cells[1]["inside"], cells[8]["inside"]
     assert low["spec_on_share"] == 1 and low["accepted_per_round"] > J.SPEC_ON  # k = 4 at one running request
-    assert high["spec_on_share"] < 0.2 and high["accepted_per_round"] < 0.1  # off while two or more run
+    # off while two or more run: only the level's tail, when its last request runs alone, drafts (how many rounds
+    # that is depends on how the requests' ends spread: 0.10 of them in one CI run, accepting 0.29 per round)
+    assert high["spec_on_share"] < 0.2 and high["accepted_per_round"] < low["accepted_per_round"] / 4, (low, high)
     assert res["verdicts"][0]["verdict"] == "adaptive", res["verdicts"]
     assert res["check_summary"]["pacing"]["ok"] and res["check_summary"]["verdict"]["ok"]
     acc = res["checks"]["acceptance"]

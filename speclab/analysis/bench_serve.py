@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -220,11 +219,22 @@ class SoloDecoder:
         return wall, n, res.texts[0]
 
 
-def overhead_ratios(pairs: list[tuple[float | None, float | None]]) -> dict:
-    """The server's plain tokens/s at concurrency 1 over solo generation's, from ``(served, solo)`` pairs each
-    measured back to back on the same prompts: every ratio and their median."""
-    ratios = [a / b for a, b in pairs if a and b]
-    return {"ratios": ratios, "median": statistics.median(ratios) if ratios else None}
+def prefix_hit_rates(results: dict) -> dict:
+    """Per server: prompt tokens looked up in its prefix cache over all its levels, and the share found there
+    (from each level's /metrics window), or None for a server that does not export the counters."""
+    out = {}
+    for server, by_wl in results.items():
+        q = h = 0.0
+        seen = False
+        for by_c in by_wl.values():
+            for level in by_c.values():
+                pc = (level.get("server") or {}).get("prefix_cache")
+                if pc:
+                    seen = True
+                    q += pc["queries"]
+                    h += pc["hits"]
+        out[server] = {"queries": q, "hits": h, "hit_rate": h / q if q else None} if seen else None
+    return out
 
 
 def run_serve_bench(args) -> int:
@@ -265,7 +275,6 @@ def run_serve_bench(args) -> int:
     outputs: dict[str, dict[str, set]] = {}
     texts_of: dict[str, str] = {}
     levels_by_wl: dict[str, list[int]] = {}
-    overhead_pairs: list[tuple] = []  # (served plain tok/s at concurrency 1, solo tok/s), back to back
     overhead_texts: dict[str, list[str]] = {}  # per workload: the prompts its concurrency-1 level sent
     interleaved = None
 
@@ -343,9 +352,6 @@ def run_serve_bench(args) -> int:
                     shift = (i + rep) % len(up)
                     for name, srv, model in up[shift:] + up[:shift]:
                         measured[name].append(measure(name, srv.url, wl, c, warm=i == 0 and rep == 0, model=model))
-                    if c == 1:  # the server's overhead: solo generation of the same prompts, right after
-                        overhead_pairs.append((measured["speclab plain"][-1][0]["tok_s"],
-                                               solo_decoder().run(texts, max_tokens)[1]["tok_s"]))
                 kept = {name: keep(name, wl, c, m) for name, m in measured.items()}
                 done.append(c)
                 p = kept["speclab plain"]
@@ -357,12 +363,14 @@ def run_serve_bench(args) -> int:
         if overhead_texts:  # request by request, the servers otherwise idle (see .serve_overhead)
             from .serve_overhead import interleaved_overhead
 
-            log("server overhead: each concurrency-1 prompt served by speclab plain and generated solo, back to "
-                "back ...")
+            log("server overhead: each concurrency-1 prompt served by a plain speclab serve without prefix caching "
+                "(it would skip the prefill of the prompts it has seen) and generated solo, back to back ...")
             solo = solo_decoder()
             texts_all = [t for _ in range(reps) for ts in overhead_texts.values() for t in ts]
-            interleaved = interleaved_overhead(up[0][1].url, texts_all, max_tokens,
-                                               functools.partial(solo.one, max_tokens=max_tokens))
+            with speclab_serve(target, "none", threads=args.threads or 1,
+                               extra=["--no-enable-prefix-caching"]) as bare:
+                interleaved = interleaved_overhead(bare.url, texts_all, max_tokens,
+                                                   functools.partial(solo.one, max_tokens=max_tokens))
     finally:
         for _, srv, _ in up:
             srv.stop()
@@ -378,7 +386,7 @@ def run_serve_bench(args) -> int:
               "requests_per_level": {c: n_requests(c) for cs in levels_by_wl.values() for c in cs},
               "levels": levels_by_wl, "rows": rows, "crossover": cross,
               "identity": ident, "solo_generate": solo_speed,
-              "server_overhead": {**overhead_ratios(overhead_pairs), "interleaved": interleaved},
+              "server_overhead": {"interleaved": interleaved}, "prefix_cache": prefix_hit_rates(results),
               "vllm_notes": vllm_notes,
               "wall_s": time.perf_counter() - t_start, "load_results": results}
     if "vllm plain" in servers:
@@ -398,9 +406,10 @@ def run_serve_bench(args) -> int:
               f"({len(iv['pairs'])} prompts, each served and generated solo back to back): {iv['ratio']:.2f}x tokens/s "
               f"({num(iv['served_tok_s'])} / {num(iv['solo_tok_s'])}; median pair {iv['median_pair']:.2f}x; "
               f"{iv['identical']} of {len(iv['pairs'])} outputs identical)")
-    if ov["median"] is not None:
-        print(f"server overhead, level by level (each concurrency-1 level against a solo pass over its prompts "
-              f"right after): {ov['median']:.2f}x (median of {', '.join(f'{x:.2f}' for x in ov['ratios'])})")
+    for server, pc in result["prefix_cache"].items():
+        if pc is not None and pc["hit_rate"] is not None:
+            print(f"prefix cache, {server}: {pc['hit_rate']:.1%} of {pc['queries']:.0f} prompt tokens found in it "
+                  f"(the load repeats prompts)")
     for server, d in ident["servers"].items():
         print(f"greedy identity, {server}: {d['identical']} of {d['prompts_checked']} prompts identical to solo "
               f"generation" + (f"; first mismatch {d['mismatches'][0]}" if d["mismatches"] else ""))

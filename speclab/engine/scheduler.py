@@ -100,7 +100,7 @@ class Scheduler:
     def __init__(self, target, drafter=None, policy=None, hooks: HookRegistry | None = None, *,
                  max_running: int = 64, max_waiting: int = 256, max_len: int | None = None,
                  capacity: int | None = None, costs: OnlineCosts | None = None, record_costs: bool = True,
-                 run_id: int | None = None, cuda_graphs: bool | None = None):
+                 run_id: int | None = None, cuda_graphs: bool | None = None, prefix_cache=None):
         self.target = target
         self.drafter = drafter
         self.policy = policy if (policy is not None and drafter is not None) else Off()
@@ -128,6 +128,10 @@ class Scheduler:
         self.reject_tree = tree_rejection_sample  # the multi-candidate rule (tests patch the module name)
         self.t_last = time.perf_counter()
         self.draft_features = tuple(getattr(drafter, "features", ()) or ()) if drafter is not None else ()
+        # prefix caching (speclab.engine.prefix_cache): the native cache only, and not for drafters that read the
+        # target's features at every prompt position (a reused prefix has none)
+        self.prefix = prefix_cache if (prefix_cache is not None and not self.draft_features
+                                       and hasattr(self.cache, "load_prefix")) else None
         if drafter is not None:
             drafter.reset(cap, self.slots)
         # CUDA graphs for the decode and verify forwards (None: on for CUDA); a model drafter's own cache too
@@ -290,26 +294,47 @@ class Scheduler:
         t0 = time.perf_counter()
         r0, m = len(self.rows), len(reqs)
         self._grow(r0 + m)
-        # prompts of similar lengths are prefilled together, each group padded to its longest only (hidden features
-        # for a drafter: one group, so that they stack)
+        # with prefix caching, a prompt's stored prefix is copied into its row and only the rest is run
+        found = [self.prefix.lookup(r.prompt_ids) for r in reqs] if self.prefix is not None else [(0, None)] * m
+        # prompts of similar lengths (left to run) are prefilled together, each group padded to its longest only
+        # (hidden features for a drafter: one group, so that they stack)
         groups = [(0, m)]
         if m > 1 and not self.draft_features:
-            reqs = sorted(reqs, key=lambda r: len(r.prompt_ids))
-            groups = prefill_groups([len(r.prompt_ids) for r in reqs])
+            order = sorted(range(m), key=lambda i: len(reqs[i].prompt_ids) - found[i][0])
+            reqs, found = [reqs[i] for i in order], [found[i] for i in order]
+            groups = prefill_groups([len(r.prompt_ids) - f[0] for r, f in zip(reqs, found)])
+            if self.prefix is not None:  # a block padded to a batch-mate's width must fit in the row's slots
+                groups = [g for a, b in groups for g in self._fit_slots(reqs, found, a, b)]
         plen = [len(r.prompt_ids) for r in reqs]
+        skip = [f[0] for f in found]
         for i, r in enumerate(reqs):
             r.start_rng(dev)
             r.context = list(r.prompt_ids)
             self.buf[r0 + i, : plen[i]] = torch.tensor(r.prompt_ids, device=dev)
+            if skip[i]:
+                self.cache.load_prefix(r0 + i, found[i][1].k, found[i][1].v, skip[i])
         lens = torch.tensor(plen, device=dev)
         parts = []
         for a, b in groups:
-            Lp = max(plen[a:b])
-            pos = torch.arange(Lp, device=dev)[None].expand(b - a, Lp)
-            out = self.cache.forward(self.buf[r0 + a:r0 + b, :Lp], torch.zeros(b - a, dtype=torch.long, device=dev),
-                                     kv_len=Lp, rows=slice(r0 + a, r0 + b), valid=pos < lens[a:b, None],
-                                     last_only=lens[a:b] - 1, hidden=self.draft_features)
+            if not any(skip[a:b]):
+                Lp = max(plen[a:b])
+                pos = torch.arange(Lp, device=dev)[None].expand(b - a, Lp)
+                out = self.cache.forward(self.buf[r0 + a:r0 + b, :Lp], torch.zeros(b - a, dtype=torch.long, device=dev),
+                                         kv_len=Lp, rows=slice(r0 + a, r0 + b), valid=pos < lens[a:b, None],
+                                         last_only=lens[a:b] - 1, hidden=self.draft_features)
+            else:  # rows start at their stored prefix: each row's block is the rest of its prompt
+                left = [plen[i] - skip[i] for i in range(a, b)]
+                T = max(left)
+                block = torch.zeros(b - a, T, dtype=torch.long, device=dev)
+                for j, i in enumerate(range(a, b)):
+                    block[j, :left[j]] = self.buf[r0 + i, skip[i]:plen[i]]
+                start = torch.tensor(skip[a:b], device=dev)
+                out = self.cache.forward(block, start, kv_len=max(skip[a:b]) + T, rows=slice(r0 + a, r0 + b),
+                                         last_only=torch.tensor(left, device=dev) - 1, hidden=self.draft_features)
             parts.append(out.logits[:, 0])  # (b - a, V)
+        if self.prefix is not None:
+            for i, r in enumerate(reqs):
+                self.prefix.store(r.prompt_ids, *self.cache.row_kv(r0 + i))
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # (m, V)
         params = RowParams([r.params for r in reqs], dev)
         active = self.hooks.active
@@ -345,7 +370,9 @@ class Scheduler:
             sync(dev)
             t1 = time.perf_counter()
             run, wait = len(self.rows) - len(finished), len(self.waiting)
-            self.hooks.emit(RoundEvent(self.run_id, self.round, t1, {"prefill": t1 - t0}, events, "prefill", run, wait))
+            q, h = (sum(plen), sum(skip)) if self.prefix is not None else (0, 0)
+            self.hooks.emit(RoundEvent(self.run_id, self.round, t1, {"prefill": t1 - t0}, events, "prefill", run, wait,
+                                       q, h))
         if self.drafter is not None and self.k_max > 0:
             feats = dict(out.hidden) if self.draft_features else None
             ctx = self._ctx()
@@ -354,6 +381,14 @@ class Scheduler:
         done = [self.rows[i] for i in finished]
         self._leave(finished)
         return done
+
+    def _fit_slots(self, reqs, found, a: int, b: int) -> list[tuple[int, int]]:
+        """Group [a, b) as it is, or one group per row when a row's stored prefix plus the group's widest block
+        would run past the row's slots."""
+        T = max(len(reqs[i].prompt_ids) - found[i][0] for i in range(a, b))
+        if max(found[i][0] for i in range(a, b)) + T <= self.slots:
+            return [(a, b)]
+        return [(i, i + 1) for i in range(a, b)]
 
     # ------------------------------------------------------------------ one verification round
     def _draws(self, ks: list[int], params: RowParams, kmax: int):

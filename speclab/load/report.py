@@ -68,6 +68,11 @@ def format_result(result: dict) -> str:
             sg = server["sglang"]
             lines.append(f"{lv['level']['label']}: SGLang accept length {num(sg.get('accept_length'), '.2f')}, "
                          f"accept rate {num(sg.get('accept_rate'), '.3f')} (gauges after the run)")
+        pc = server.get("prefix_cache")
+        if pc and pc.get("hits"):
+            lines.append(f"{lv['level']['label']}: server prefix cache: {pc['hit_rate']:.1%} of {pc['queries']:.0f} "
+                         f"prompt tokens reused (TTFT and throughput are not comparable with a run that repeats "
+                         f"no prompts)")
         agree = lv.get("latency_vs_server") or {}
         if agree:
             pairs = [f"{k.upper()} {a['client_ms']:.1f}/{a['server_ms']:.1f} ms ({a['ratio']:.2f}x)"

@@ -25,6 +25,7 @@ SPEC = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_deco
         "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 GENERATION_TOKENS = "vllm:generation_tokens"
+PREFIX = {"queries": "vllm:prefix_cache_queries", "hits": "vllm:prefix_cache_hits"}  # in prompt tokens
 HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
               "e2e": "vllm:e2e_request_latency_seconds", "tpot": "vllm:request_time_per_output_token_seconds"}
 SGLANG = {"accept_length": "sglang:spec_accept_length", "accept_rate": "sglang:spec_accept_rate"}
@@ -67,7 +68,8 @@ def window(before: dict | None, after: dict) -> dict:
     """What the server reports for the window between two parsed scrapes (``before`` None: since start).
 
     Returns {"spec_decode": counters and derived rates or None, "sglang": gauges or None,
-    "generation_tokens", "server_latency_ms": {ttft, itl, e2e, tpot: window means} }."""
+    "generation_tokens", "prefix_cache": {queries, hits, hit_rate} in prompt tokens or None,
+    "server_latency_ms": {ttft, itl, e2e, tpot: window means} }."""
     before = before or {}
 
     def delta(name):
@@ -75,7 +77,10 @@ def window(before: dict | None, after: dict) -> dict:
         return None if a is None else a - (_value(before, name) or 0.0)
 
     out: dict = {"spec_decode": None, "sglang": None, "generation_tokens": delta(GENERATION_TOKENS),
-                 "server_latency_ms": {}}
+                 "prefix_cache": None, "server_latency_ms": {}}
+    pq, ph = delta(PREFIX["queries"]), delta(PREFIX["hits"])
+    if pq is not None and ph is not None:
+        out["prefix_cache"] = {"queries": pq, "hits": ph, "hit_rate": ph / pq if pq else None}
     counts = {k: delta(v) for k, v in SPEC.items()}
     if all(v is not None for v in counts.values()):
         pa, pb = _per_position(after), _per_position(before)

@@ -107,6 +107,16 @@ class StaticKVCache:
     def release(self, n: int) -> None:
         """Rows past n left: nothing to free (the buffers are reused by the next rows admitted)."""
 
+    def row_kv(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Row ``row``'s keys and values, per layer (H_kv, S, D) views (prefix caching stores a slice of them)."""
+        return [kc[row] for kc in self.k], [vc[row] for vc in self.v]
+
+    def load_prefix(self, row: int, k: list[torch.Tensor], v: list[torch.Tensor], length: int) -> None:
+        """Slots 0..length-1 of row ``row`` from stored per-layer (H_kv, >= length, D) keys and values."""
+        for kc, vc, ks, vs in zip(self.k, self.v, k, v):
+            kc[row, :, :length] = ks[:, :length]
+            vc[row, :, :length] = vs[:, :length]
+
     def move_slots(self, rows: slice, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Per row, copy slots src[b, j] to dst[b, j] (n, m): the accepted path of a tree block moves
         down to slot = position. Reads happen before writes, so overlapping ranges are safe."""

@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from .. import __version__
+from ..engine.prefix_cache import PrefixCache
 from ..engine.request import Request as EngineRequest
 from ..engine.scheduler import QueueFull, Scheduler
 from ..errors import SpeclabError
@@ -71,7 +72,7 @@ class Server:
                  max_waiting: int = 256, max_model_len: int | None = None, api_key: str | None = None,
                  stream_split_tokens: bool = False, method: str = "none", draft_name: str = "none",
                  engine_process: bool | None = None, engine_threads: int | None = None, cpu_binding: str = "none",
-                 engine_cores: int | None = None):
+                 engine_cores: int | None = None, prefix_caching: bool = True):
         self.lm = target
         self.decode = fast_decoder(target)  # == target.decode, cheaper per call
         context = min(max_model_len or target.max_context, target.max_context)
@@ -103,7 +104,8 @@ class Server:
             rows = core_share(max_num_seqs, cores, core)
             s = Scheduler(target, drafter if speculative else None, policy, hooks, max_running=rows,
                           max_waiting=max_waiting, max_len=context, capacity=min(rows, 8), costs=costs,
-                          record_costs=policy.name not in ("fixed", "off"))
+                          record_costs=policy.name not in ("fixed", "off"),
+                          prefix_cache=PrefixCache() if prefix_caching else None)  # one per core, in its process
             costs = s.costs
             return s
 

@@ -13,6 +13,7 @@ complete, then the process exits 0. A second SIGTERM or Ctrl-C stops at once.
 
 from __future__ import annotations
 
+import argparse
 import signal
 import socket
 import sys
@@ -63,6 +64,9 @@ def add_commands(sub) -> None:
     p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug",
                                                                    "trace"])
     p.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the keys and values of prompts already prefilled (a repeated prompt, a shared system "
+                   "prompt: speclab.engine.prefix_cache); on by default, as in vLLM")
     p.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
                    help="uvicorn's HTTP parser; auto (default): httptools (C) when installed, else h11 (pure Python)")
     p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
@@ -143,7 +147,8 @@ def cmd_serve(args) -> int:
                         stream_split_tokens=args.stream_split_tokens, method=spec.method or "none",
                         draft_name=spec.model or spec.method or "none",
                         engine_process=None if args.engine == "auto" else args.engine == "process",
-                        cpu_binding=args.cpu_binding, engine_threads=torch.get_num_threads(), engine_cores=dp)
+                        cpu_binding=args.cpu_binding, engine_threads=torch.get_num_threads(), engine_cores=dp,
+                        prefix_caching=args.enable_prefix_caching)
         app = create_app(server)
     except BaseException:
         sock.close()

@@ -10,8 +10,8 @@ while the scheduler is idle and, between steps, takes what has arrived without w
 Messages out, one per scheduler event (so a prefill's first tokens leave while the round after it runs),
 ``(items, running, waiting)``, items in order:
 
-* ``(ROUND, phase, time, prefill_s, rows)``: the event, for metrics; rows ``(request id, new tokens, k,
-  k capped by the budget, drafted, accepted)``;
+* ``(ROUND, phase, time, prefill_s, rows, prefix queries, prefix hits)``: the event, for metrics; rows
+  ``(request id, new tokens, k, k capped by the budget, drafted, accepted)``;
 * ``(TOKENS, request id, token ids)``: what one round committed for a request still running;
 * ``(FINAL, request id, token ids, state)``: its last tokens and its end (:func:`final_state`);
 * ``(ERROR, request id, message)``: it failed (the engine step it was in raised, or the server stopped);
@@ -123,7 +123,8 @@ class EngineCore:
                 finals.append((req, new))
             elif new:
                 tokens.append((TOKENS, rr.request_id, new))
-        self.out.append((ROUND, ev.phase, ev.time, ev.timings.get("prefill", 0.0), rows))
+        self.out.append((ROUND, ev.phase, ev.time, ev.timings.get("prefill", 0.0), rows, ev.prefix_queries,
+                         ev.prefix_hits))
         self.out += tokens
         for req, new in finals:
             self._final(req, new)

@@ -128,6 +128,10 @@ class ServerMetrics:
             self._pos_metrics = (acc_pos, drf_pos, lv)
             self.draft_length = Gauge("speclab:draft_length", "Mean draft length k chosen over the rows of the last "
                                       "verification round.", L, registry=reg).labels(*lv)
+        self.prefix_queries = counter("vllm:prefix_cache_queries",
+                                      "Prefix cache queries, in terms of number of queried tokens.").labels(*lv)
+        self.prefix_hits = counter("vllm:prefix_cache_hits",
+                                   "Prefix cache hits, in terms of number of cached tokens.").labels(*lv)
         self.rounds = counter("speclab:verify_rounds", "Verification rounds run (one target forward each).").labels(*lv)
         self.engine_errors = counter("speclab:engine_errors", "Engine steps that raised (their requests failed).")
         self.engine_errors = self.engine_errors.labels(*lv)
@@ -142,13 +146,19 @@ class ServerMetrics:
         self.waiting.set_function(lambda: counts()[1])
 
     # ------------------------------------------------------------------ observer (speclab.serve.runner.Engine)
-    def on_round(self, phase: str, time: float, prefill_s: float, rows: list, handles: dict) -> None:
+    def on_round(self, phase: str, time: float, prefill_s: float, rows: list, handles: dict, prefix_queries: int = 0,
+                 prefix_hits: int = 0) -> None:
         """A scheduler event as the engine core reports it (speclab.serve.core): ``rows`` ``(request id, new
-        tokens, k, k capped by the budget, drafted, accepted)``; ``handles`` the requests in flight by id."""
+        tokens, k, k capped by the budget, drafted, accepted)``; ``handles`` the requests in flight by id; a
+        prefill's prompt tokens looked up in the prefix cache and found there."""
         gen = sum(r[1] for r in rows)
         if gen:
             self.generation_tokens.inc(gen)
         if phase == "prefill":
+            if prefix_queries:
+                self.prefix_queries.inc(prefix_queries)
+            if prefix_hits:
+                self.prefix_hits.inc(prefix_hits)
             started = time - prefill_s
             for rid, *_ in rows:
                 h = handles.get(rid)

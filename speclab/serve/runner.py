@@ -234,7 +234,7 @@ class Engine:
             for item in items:
                 kind = item[0]
                 if kind == ROUND:
-                    self._observe("on_round", item[1], item[2], item[3], item[4], self.handles)
+                    self._observe("on_round", item[1], item[2], item[3], item[4], self.handles, item[5], item[6])
                 elif kind == TOKENS:
                     h = self.handles.get(item[1])
                     if h is not None:
