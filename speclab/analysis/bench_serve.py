@@ -43,6 +43,9 @@ def add_serve_arguments(b) -> None:
     b.add_argument("--vllm-venv", default=None, metavar="PATH", help="--serve --peer vllm: vLLM's venv (default "
                    "$SPECLAB_VLLM_VENV or /work/vllm-venv)")
     b.add_argument("--charts", default=None, metavar="DIR", help="--serve: write Altair charts (HTML) into DIR")
+    b.add_argument("--prefix-caching", choices=("on", "off"), default="on", help="--serve: the speclab servers' prefix "
+                   "caching (default on, as both servers default; the load repeats prompts, so 'off' shows what the "
+                   "prompts' prefills cost)")
 
 
 def levels_to_run(spec: str | None, max_c: int) -> list[int] | None:
@@ -311,15 +314,16 @@ def run_serve_bench(args) -> int:
     t_start = time.perf_counter()
     log(f"speclab bench --serve: target {target}, speculative {json.dumps(spec)}, workloads {','.join(workloads)}, "
         f"max_tokens {max_tokens}, concurrency {fixed or f'1,2,4,... up to {max_c} until plain saturates'}, "
-        f"{reps} interleaved repetition(s)")
+        f"{reps} interleaved repetition(s), speclab prefix caching {getattr(args, 'prefix_caching', 'on')}")
     vllm_notes = []
     up: list[tuple[str, object, str | None]] = []  # (name, server, model name to send)
     try:
         # every server is up before the first request, and each level runs on each in turn (the order rotating),
         # so that the machine's drifts over minutes hit all of them alike
-        up.append(("speclab plain", speclab_serve(target, "none", threads=args.threads or 1), None))
+        pc = [] if getattr(args, "prefix_caching", "on") == "on" else ["--no-enable-prefix-caching"]
+        up.append(("speclab plain", speclab_serve(target, "none", threads=args.threads or 1, extra=pc), None))
         up.append(("speclab speculative", speclab_serve(target, spec, policy=args.spec_policy,
-                                                        threads=args.threads or 1), None))
+                                                        threads=args.threads or 1, extra=pc), None))
         log(f"speclab servers up (plain {up[0][1].started_s:.0f} s, speculative {up[1][1].started_s:.0f} s)")
         if peer is not None:
             from ..family import resolve
