@@ -525,6 +525,26 @@ def test_plain_decoding_server(models, process):
     assert "vllm:generation_tokens" in names and not any(n.startswith("vllm:spec_decode") for n in names)
 
 
+def test_adaptive_policy_starts_from_calibrated_step_costs(models):
+    """`speclab serve` with an adaptive policy calibrates the step costs at start-up and hands them to the engine
+    core, whose scheduler then refines the same tables online (here on a thread, so the object is shared)."""
+    from speclab.engine import make_policy
+    from speclab.engine.costs import OnlineCosts
+    from speclab.serve.app import Server
+
+    target, draft = models["target"], models["draft"]
+    costs = OnlineCosts()
+    costs.calibrate(target, draft.lm, rows=(1, 2), tokens=(1, 2, 3, 4, 5), reps=1)
+    before = costs.snapshot()
+    assert before["calibrated_target"] and not before["target"]  # timed, nothing learnt yet
+    server = Server(target, draft, make_policy("goodput", 4), served_name="calibrated", engine_process=False,
+                    engine_cores=1, costs=costs)
+    with InProcess(server) as srv:
+        out = asyncio.run(_one(srv.url + "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 12}, {}))
+    assert out["status"] == 200 and out["speculation"]["rounds"] > 0
+    assert costs.snapshot()["target"]  # the engine's rounds were recorded into the tables it was given
+
+
 def test_an_engine_fault_fails_only_its_requests(models):
     """A drafter that raises inside the engine step whenever a row holds the POISON token: that request
     gets a 500 body; the one running before it and the one queued behind it complete exactly."""

@@ -72,7 +72,7 @@ class Server:
                  max_waiting: int = 256, max_model_len: int | None = None, api_key: str | None = None,
                  stream_split_tokens: bool = False, method: str = "none", draft_name: str = "none",
                  engine_process: bool | None = None, engine_threads: int | None = None, cpu_binding: str = "none",
-                 engine_cores: int | None = None, prefix_caching: bool = True):
+                 engine_cores: int | None = None, prefix_caching: bool = True, costs=None):
         self.lm = target
         self.decode = fast_decoder(target)  # == target.decode, cheaper per call
         context = min(max_model_len or target.max_context, target.max_context)
@@ -87,7 +87,7 @@ class Server:
         self.metrics = ServerMetrics(served_name, speculative=speculative, k_max=policy.k_max if speculative else 0,
                                      policy=policy.name, method=method if speculative else "none",
                                      draft=draft_name if speculative else "none", max_model_len=context)
-        costs = None
+        # step costs: calibrated by the caller, or learnt online (every scheduler of a core shares them)
         # the engine core in a process of its own where a fork is safe (speclab.serve.runner); a forked process
         # cannot use the parent's OpenMP thread pool, so it runs the model on one thread: asked for more, the
         # core goes on a thread of this process

@@ -67,6 +67,9 @@ def add_commands(sub) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the keys and values of prompts already prefilled (a repeated prompt, a shared system "
                    "prompt: speclab.engine.prefix_cache); on by default, as in vLLM")
+    p.add_argument("--calibrate-costs", action=argparse.BooleanOptionalAction, default=True,
+                   help="with an adaptive --spec-policy: time the step costs it weighs at start-up (a few seconds) "
+                   "instead of learning them from the first requests (default on)")
     p.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
                    help="uvicorn's HTTP parser; auto (default): httptools (C) when installed, else h11 (pure Python)")
     p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
@@ -114,6 +117,8 @@ def cmd_serve(args) -> int:
 
     from ..defaults import default_target, setup_threads
     from ..engine import Off, SpeculativeDecoder, make_policy
+    from ..engine.costs import OnlineCosts, calibration_rows
+    from ..engine.policies import ADAPTIVE
     from ..models import load_model
     from .app import Server, create_app
     from .arrival import stamping_protocol
@@ -141,6 +146,14 @@ def cmd_serve(args) -> int:
         if drafter is not None and policy.k_max > 0:
             SpeculativeDecoder(target, drafter).generate(warm, k=spec.k, max_new_tokens=8, record=False,
                                                          policy=make_policy(args.spec_policy, spec.k))
+        costs = None
+        if drafter is not None and policy.k_max > 0 and policy.name in ADAPTIVE and args.calibrate_costs:
+            # the policies weigh step costs: time every shape they choose between now, before the server is up,
+            # rather than learn them from its first requests (each engine core starts with a copy)
+            costs = OnlineCosts()
+            spent = costs.calibrate(target, getattr(drafter, "lm", None), rows=calibration_rows(min(max_seqs, 32)),
+                                    tokens=tuple(range(1, policy.k_max + 2)))
+            print(f"speclab serve: step costs calibrated for the {policy.name} policy in {spent:.1f} s", flush=True)
         served = args.served_model_name or model
         server = Server(target, drafter, policy, served_name=served, max_num_seqs=max_seqs, max_waiting=max_wait,
                         max_model_len=args.max_model_len, api_key=args.api_key,
@@ -148,7 +161,7 @@ def cmd_serve(args) -> int:
                         draft_name=spec.model or spec.method or "none",
                         engine_process=None if args.engine == "auto" else args.engine == "process",
                         cpu_binding=args.cpu_binding, engine_threads=torch.get_num_threads(), engine_cores=dp,
-                        prefix_caching=args.enable_prefix_caching)
+                        prefix_caching=args.enable_prefix_caching, costs=costs)
         app = create_app(server)
     except BaseException:
         sock.close()
