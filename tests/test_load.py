@@ -854,7 +854,7 @@ def test_bench_serve_small(tmp_path, capsys):
     assert res["reps"] == 2
     for r in res["rows"]:  # each cell: both repetitions listed, the kept one is one of them (the lower median)
         assert len(r["tok_s_reps"]) == 2 and r["tok_s"] == min(r["tok_s_reps"])
-    iv = res["server_overhead"]["interleaved"]  # and request by request: the 3 prompts of the level, once per repetition
+    iv = res["server_overhead"]["interleaved"]  # request by request: the level's 3 prompts, once per repetition
     assert len(iv["pairs"]) == 6 and iv["identical"] == 6 and iv["ratio"] > 0
     assert all(p["served_tokens"] == p["solo_tokens"] == 16 for p in iv["pairs"])
     # the load repeats its 3 prompts at each level and repetition: the speclab servers reuse their prefixes
