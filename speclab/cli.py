@@ -69,8 +69,7 @@ def cmd_generate(args) -> int:
     from .defaults import setup_threads
     from .drafters import make_drafter
     from .engine import SpeculativeDecoder, make_policy
-    from .engine.costs import calibration_rows
-    from .engine.policies import ADAPTIVE
+    from .engine.policies import seed_costs
     from .limits import check_batch, check_k
     from .models import load_model
 
@@ -94,10 +93,9 @@ def cmd_generate(args) -> int:
         SpeculativeDecoder(target, None, cuda_graphs=graphs).generate(prompts[:1], k=0, max_new_tokens=4,
                                                                       record=False)
         dec.generate(prompts[:1], k=args.k, max_new_tokens=4, record=False, policy=policy)
-    if speculative and policy.name in ADAPTIVE:  # cost-weighing policies: the step costs, timed before the run
-        dec.costs.calibrate(target, getattr(drafter, "lm", None), rows=calibration_rows(args.batch),
-                            tokens=tuple(range(1, policy.k_max + 2)),
-                            context=len(target.encode(args.prompt)) + args.max_new_tokens // 2)
+    if speculative:  # cost-weighing policies: the step costs, timed before the run
+        seed_costs(policy, dec.costs, target, getattr(drafter, "lm", None), args.batch,
+                   context=len(target.encode(args.prompt)) + args.max_new_tokens // 2)
     res = dec.generate(prompts, k=args.k, policy=policy, **kw)
     base = None
     if speculative and not args.no_baseline:

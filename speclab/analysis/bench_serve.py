@@ -204,14 +204,9 @@ class SoloDecoder:
 
     def run(self, texts: list[str], max_tokens: int) -> tuple[list[str], dict]:
         """Each text alone, one after another: (outputs, {"tokens", "wall_s", "tok_s"})."""
-        outs, tokens, wall = [], 0, 0.0
-        for text in texts:
-            t0 = time.perf_counter()
-            res = self.dec.generate([text], k=0, max_new_tokens=max_tokens, temperature=0.0)
-            wall += time.perf_counter() - t0
-            outs.append(res.texts[0])
-            tokens += res.output_tokens[0] if isinstance(res.output_tokens[0], int) else len(res.output_tokens[0])
-        return outs, {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall else None}
+        runs = [self.one(text, max_tokens) for text in texts]
+        wall, tokens = sum(r[0] for r in runs), sum(r[1] for r in runs)
+        return [r[2] for r in runs], {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall else None}
 
     def one(self, text: str, max_tokens: int) -> tuple[float, int, str]:
         """One text: (seconds, output tokens, output text)."""
@@ -311,16 +306,17 @@ def run_serve_bench(args) -> int:
             f" ms  {row['pacing']}{'  ' + str(row['failed']) + ' failed' if row['failed'] else ''}{reps_note}")
         return row
 
+    prefix_caching = getattr(args, "prefix_caching", "on")
     t_start = time.perf_counter()
     log(f"speclab bench --serve: target {target}, speculative {json.dumps(spec)}, workloads {','.join(workloads)}, "
         f"max_tokens {max_tokens}, concurrency {fixed or f'1,2,4,... up to {max_c} until plain saturates'}, "
-        f"{reps} interleaved repetition(s), speclab prefix caching {getattr(args, 'prefix_caching', 'on')}")
+        f"{reps} interleaved repetition(s), speclab prefix caching {prefix_caching}")
     vllm_notes = []
     up: list[tuple[str, object, str | None]] = []  # (name, server, model name to send)
     try:
         # every server is up before the first request, and each level runs on each in turn (the order rotating),
         # so that the machine's drifts over minutes hit all of them alike
-        pc = [] if getattr(args, "prefix_caching", "on") == "on" else ["--no-enable-prefix-caching"]
+        pc = [] if prefix_caching == "on" else ["--no-enable-prefix-caching"]
         up.append(("speclab plain", speclab_serve(target, "none", threads=args.threads or 1, extra=pc), None))
         up.append(("speclab speculative", speclab_serve(target, spec, policy=args.spec_policy,
                                                         threads=args.threads or 1, extra=pc), None))

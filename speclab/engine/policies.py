@@ -776,6 +776,18 @@ POLICIES: dict[str, type] = {"fixed": Fixed, "off": Off, "batch-table": BatchTab
 ADAPTIVE = ("heuristic", "ema", "goodput", "confidence")  # decide from acceptance (and costs) as they run
 
 
+def seed_costs(policy, costs, target, draft_lm, rows: int, context: int = 96) -> float | None:
+    """Calibrate ``costs`` (:class:`~speclab.engine.costs.OnlineCosts`) for every shape ``policy`` chooses
+    between at up to ``rows`` rows (k = 0..K), before any timed work, when it weighs step costs (the adaptive
+    policies): the seconds spent, or None for a policy that does not read them."""
+    if policy.name not in ADAPTIVE or policy.k_max == 0:
+        return None
+    from .costs import calibration_rows
+
+    return costs.calibrate(target, draft_lm, rows=calibration_rows(rows), tokens=tuple(range(1, policy.k_max + 2)),
+                           context=context)
+
+
 def make_policy(spec, k: int = 4) -> Policy:
     """A policy from a name ('fixed', 'off', ... see ``POLICIES``), a Policy (returned as is), or None
     (fixed k). ``k`` is the draft length of 'fixed' and the largest k of adaptive policies. Arguments

@@ -113,6 +113,3 @@ class PrefixCache:
                     if len(other.tokens) >= len(kk) and other.tokens[:len(kk)] == kk:
                         self.index[kk] = other
                         break
-
-    def hit_rate(self) -> float | None:
-        return self.hits / self.queries if self.queries else None

@@ -117,8 +117,8 @@ def cmd_serve(args) -> int:
 
     from ..defaults import default_target, setup_threads
     from ..engine import Off, SpeculativeDecoder, make_policy
-    from ..engine.costs import OnlineCosts, calibration_rows
-    from ..engine.policies import ADAPTIVE
+    from ..engine.costs import OnlineCosts
+    from ..engine.policies import seed_costs
     from ..models import load_model
     from .app import Server, create_app
     from .arrival import stamping_protocol
@@ -147,13 +147,15 @@ def cmd_serve(args) -> int:
             SpeculativeDecoder(target, drafter).generate(warm, k=spec.k, max_new_tokens=8, record=False,
                                                          policy=make_policy(args.spec_policy, spec.k))
         costs = None
-        if drafter is not None and policy.k_max > 0 and policy.name in ADAPTIVE and args.calibrate_costs:
-            # the policies weigh step costs: time every shape they choose between now, before the server is up,
-            # rather than learn them from its first requests (each engine core starts with a copy)
+        if drafter is not None and args.calibrate_costs:
+            # a policy that weighs step costs gets every shape it chooses between timed now, before the server is
+            # up, rather than learnt from its first requests (each engine core starts with a copy)
             costs = OnlineCosts()
-            spent = costs.calibrate(target, getattr(drafter, "lm", None), rows=calibration_rows(min(max_seqs, 32)),
-                                    tokens=tuple(range(1, policy.k_max + 2)))
-            print(f"speclab serve: step costs calibrated for the {policy.name} policy in {spent:.1f} s", flush=True)
+            spent = seed_costs(policy, costs, target, getattr(drafter, "lm", None), min(max_seqs, 32))
+            if spent is None:
+                costs = None
+            else:
+                print(f"speclab serve: step costs calibrated for the {policy.name} policy in {spent:.1f} s", flush=True)
         served = args.served_model_name or model
         server = Server(target, drafter, policy, served_name=served, max_num_seqs=max_seqs, max_waiting=max_wait,
                         max_model_len=args.max_model_len, api_key=args.api_key,
