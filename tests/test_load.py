@@ -417,6 +417,49 @@ def test_client_stalls_blur_chunk_times_and_their_gaps_are_left_out():
     assert fp["mean_tokens_per_burst"] == pytest.approx(1.0)
 
 
+def test_below_level_by_hand():
+    a, b = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    c = [3.2, 3.5]  # a short request inside a's and b's gap 3-4: not streaming through it
+    assert fingerprint.below_level([a, b], 2) == [[False, True, True, False, False, False],
+                                                  [False, False, False, False, True, True]]
+    assert fingerprint.below_level([a, b, c], 2) == [[False, True, True, False, False, False],
+                                                     [False, False, False, False, True, True], [False, False]]
+    assert fingerprint.below_level([a, b, c], 3)[0] == [False, True, True, True, True, True]
+    assert fingerprint.below_level([a, b], 1) == [[False] * 6, [False] * 6]
+    assert fingerprint.below_level([[], [1.0]], 2) == [[], [False]]
+
+
+def _adaptive_closed_loop(clients=4, late=6, n_tokens=40, k_tokens=3):
+    """Records of one closed-loop level on a server that drafts (rounds of ``k_tokens``, one chunk each) only
+    while fewer than ``clients`` rows run: the first client alone for ``late`` steps (the others still
+    queued), all of them together at one token a step, then the ramp down as they finish."""
+    first = [0] + [late] * (clients - 1)
+    times, tokens = [[] for _ in range(clients)], [[] for _ in range(clients)]
+    step = 0
+    while any(sum(t) < n_tokens for t in tokens):
+        running = [i for i in range(clients) if first[i] <= step and sum(tokens[i]) < n_tokens]
+        for i in running:
+            n = 1 if step == first[i] or len(running) == clients else k_tokens
+            n = min(n, n_tokens - sum(tokens[i]))
+            times[i].append(step * ROUND)
+            tokens[i].append(n)
+        step += 1
+    return [{"ok": True, "sent": t[0] - 0.004, "chunk_times": [x - t[0] + 0.004 for x in t], "chunk_tokens": n,
+             "output_tokens": sum(n), "finish_reason": "stop"} for t, n in zip(times, tokens)]
+
+
+def test_gaps_below_a_closed_loop_level_are_left_out():
+    records = _adaptive_closed_loop()
+    whole = fingerprint.fingerprint_records(records)  # open loop: every gap counts
+    assert whole["call"] == "bursty" and whole["near_zero_share"] > fingerprint.STRONG_SHARE
+    fp = fingerprint.fingerprint_records(records, concurrency=4)
+    assert fp["call"] == "smooth" and fp["near_zero_share"] == 0
+    assert fp["below_level_chunks"] > 0 and fp["mean_tokens_per_chunk"] == 1.0
+    assert "fewer requests streaming than the level's clients" in fingerprint.verdict([("c4", 4, fp)])["evidence"][0]
+    # every chunk of a level that never reaches its load is left out: too few gaps to judge
+    assert fingerprint.fingerprint_records(records, concurrency=5)["call"] == "unknown"
+
+
 # ---------------------------------------------------------------- /metrics
 
 

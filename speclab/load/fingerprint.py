@@ -44,6 +44,9 @@ The rule (constants below):
    so the gaps of chunks stamped during a stall of at least ``MIN_STALL`` (0.5) x the request's mean
    token gap, or soon after it (within the near-zero threshold, at least ``STALL_AFTER``), are unknown
    and left out (:func:`client_blurred`).
+   A closed-loop level's own ramps: gaps through which fewer of its requests were streaming than it has
+   clients (ramp up and down, a finished request's successor not yet streaming) ran below its load, and
+   an adaptive server may draft there; they and the tokens after them are left out (:func:`below_level`).
 5. A load level is **smooth** when fewer than ``BURSTY_SHARE`` (8%) of its per-token gaps, pooled over
    its requests, are near zero (mean burst < 1.09 tokens). Otherwise, when it has at least
    ``MIN_PACE_BURSTS`` (8) one-token and multi-token bursts each, it is **late** when the pace ratio is
@@ -71,7 +74,7 @@ starved client leaves too few trustworthy gaps, and the level is unknown.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter
 
 NEAR_ZERO = 0.2
@@ -116,6 +119,28 @@ def client_blurred(times: list[float], stalls: list[tuple[float, float]], min_st
     return out
 
 
+def below_level(chunk_times: list[list[float]], concurrency: int) -> list[list[bool]]:
+    """Per request (its chunk times, all requests on one clock) and per chunk, whether fewer than
+    ``concurrency`` requests were streaming through the whole gap before that chunk, a request streaming
+    from its first chunk to its last. Such gaps belong to a closed-loop level's ramp up (requests still
+    queued or in prefill), its ramp down (the last requests running alone) or its turnover (a finished
+    request's successor not streaming yet): the server ran fewer rows than the level names, and an
+    adaptive server may draft in them. A request's first chunk has no gap before it: False."""
+    spans = [(t[0], t[-1]) for t in chunk_times if t]
+    starts, ends = sorted(s for s, _ in spans), sorted(e for _, e in spans)
+    out = []
+    for times in chunk_times:
+        flags = [False]
+        for a, b in zip(times, times[1:]):
+            # spans that started by a, less those that ended before b, plus those that did both (inside the gap)
+            n = bisect_right(starts, a) - bisect_left(ends, b)
+            if n < concurrency:
+                n += sum(1 for s, e in spans if a < s and e < b)
+            flags.append(n < concurrency)
+        out.append(flags[:len(times)])
+    return out
+
+
 def pace_slope(bursts_per_request: list[list[tuple]]) -> float | None:
     """How much longer the wait before a burst is per extra token in it, as a share of a one-token
     burst's wait: a Theil-Sen fit of gap = a + b (size - 1) over pairs of nearby bursts of different
@@ -138,7 +163,7 @@ def pace_slope(bursts_per_request: list[list[tuple]]) -> float | None:
 
 def request_pacing(chunk_times: list[float], chunk_tokens: list[int] | None = None,
                    n_tokens: int | None = None, blurred: list[bool] | None = None,
-                   truncated: bool = False) -> dict | None:
+                   truncated: bool = False, below: list[bool] | None = None) -> dict | None:
     """One request's pacing features, or None when it has no gaps.
 
     ``chunk_tokens``: tokens per chunk, when known. Without them but with ``n_tokens`` (usage) equal to
@@ -152,6 +177,10 @@ def request_pacing(chunk_times: list[float], chunk_tokens: list[int] | None = No
     the pace ratio; it starts a burst of its own, and neither that burst nor the one before it counts
     towards the mean burst size (their edges are unknown).
 
+    ``below``: per chunk, True when the gap before it ran below the level's load (:func:`below_level`):
+    the chunk's leading gap and the zeros of its extra tokens are all unknown, and its size does not count
+    towards the accepted-length estimate (counted in ``below_level_chunks``).
+
     ``truncated``: the request stopped at max_tokens, so its last round may have been cut short: its last
     chunk and last burst do not count towards the accepted-length estimate (the server counts the
     round's accepted drafts all the same)."""
@@ -160,12 +189,17 @@ def request_pacing(chunk_times: list[float], chunk_tokens: list[int] | None = No
     if chunk_tokens is None and (n_tokens is None or n_tokens == len(chunk_times)):
         chunk_tokens = [1] * len(chunk_times)  # as many tokens as chunks: one each
     blurred = blurred or [False] * len(chunk_times)
-    sizes = chunk_tokens[1:-1] if truncated else chunk_tokens[1:] if chunk_tokens else None
-    out = {"chunk_sizes": list(sizes) if sizes is not None else None, "chunk_gaps": chunk_gaps,
-           "assumed_one_per_chunk": assumed, "blurred_chunks": sum(1 for b in blurred[1:] if b)}
+    below = below or [False] * len(chunk_times)
+    sizes = None
+    if chunk_tokens:
+        kept = [n for n, w in zip(chunk_tokens[1:], below[1:]) if not w]  # a round below the level's load is not
+        sizes = kept[:-1] if truncated and not below[-1] else kept    # the level's; nor a last one cut short
+    out = {"chunk_sizes": sizes, "chunk_gaps": chunk_gaps, "assumed_one_per_chunk": assumed,
+           "blurred_chunks": sum(1 for b in blurred[1:] if b),
+           "below_level_chunks": sum(1 for b, w in zip(blurred[1:], below[1:]) if w and not b)}
     if chunk_tokens is None:  # a multiset of gaps: no order, no bursts
         extra = max(0, (n_tokens or 0) - len(chunk_times))
-        gaps = [g for g, b in zip(chunk_gaps, blurred[1:]) if not b] + [0.0] * extra
+        gaps = [g for g, b, w in zip(chunk_gaps, blurred[1:], below[1:]) if not (b or w)] + [0.0] * extra
         if not gaps or sum(gaps) <= 0:
             return None
         mean = sum(gaps) / len(gaps)
@@ -173,12 +207,13 @@ def request_pacing(chunk_times: list[float], chunk_tokens: list[int] | None = No
         out.update({"gaps": gaps, "mean_gap": mean, "threshold": thr, "near_zero": sum(1 for g in gaps if g < thr),
                     "relative_gaps": [g / mean for g in gaps], "bursts": None, "tokens": len(gaps), "n_bursts": None})
         return out
-    # per-token gaps in order: (gap, known); a chunk of n tokens gives its leading gap, then n - 1 zeros
-    chunks = [(t, n, b) for t, n, b in zip(chunk_times, chunk_tokens, blurred) if n > 0]
+    # per-token gaps in order: (gap, known); a chunk of n tokens gives its leading gap, then n - 1 zeros. A
+    # blurred chunk's leading gap is unknown; all of a chunk below the level's load is (not the level's round)
+    chunks = [(t, n, b, w) for t, n, b, w in zip(chunk_times, chunk_tokens, blurred, below) if n > 0]
     token_gaps: list[tuple[float, bool]] = [(0.0, True)] * (chunks[0][1] - 1) if chunks else []
-    for (t0, _, _), (t1, n, b) in zip(chunks, chunks[1:]):
-        token_gaps.append((t1 - t0, not b))
-        token_gaps += [(0.0, True)] * (n - 1)
+    for (t0, *_), (t1, n, b, w) in zip(chunks, chunks[1:]):
+        token_gaps.append((t1 - t0, not (b or w)))
+        token_gaps += [(0.0, not w)] * (n - 1)
     total = sum(g for g, _ in token_gaps)
     if not token_gaps or total <= 0:
         return None
@@ -281,17 +316,23 @@ def level_fingerprint(pacings: list[dict | None]) -> dict:
         "relative_gap_hist": {name: sum(1 for r in rel if lo <= r < hi) for lo, hi, name in REL_BINS},
         "assumed_one_token_per_chunk": any(p["assumed_one_per_chunk"] for p in ps),
         "blurred_chunks": sum(p["blurred_chunks"] for p in ps),
+        "below_level_chunks": sum(p["below_level_chunks"] for p in ps),
     }
 
 
-def fingerprint_records(records: list[dict], stalls: list[tuple[float, float]] | None = None) -> dict:
+def fingerprint_records(records: list[dict], stalls: list[tuple[float, float]] | None = None,
+                        concurrency: int | None = None) -> dict:
     """A level's fingerprint from its request records as JSON dicts (``RequestRecord.to_dict``: ``ok``,
     ``sent``, ``chunk_times``, ``chunk_tokens``, ``output_tokens``, ``finish_reason``) and the client's
     stalls in that level (seconds from the level's start), as :mod:`.runner` stores them: a saved run can be
-    judged again."""
+    judged again. ``concurrency``: a closed-loop level's clients; gaps while fewer requests were streaming
+    are left out (:func:`below_level`). None (open-loop levels) keeps every gap."""
     stalls = [tuple(s) for s in stalls or []]
+    streams = [[r["sent"] + t for t in r["chunk_times"]] for r in records if r.get("chunk_times")]
+    below = iter(below_level(streams, concurrency) if concurrency else [None] * len(streams))
     pacings = []
     for r in records:
+        w = next(below) if r.get("chunk_times") else None
         if not r.get("ok"):
             continue
         times = r["chunk_times"]
@@ -300,7 +341,7 @@ def fingerprint_records(records: list[dict], stalls: list[tuple[float, float]] |
         blurred = client_blurred([r["sent"] + t for t in times], stalls, min_stall=MIN_STALL * tpot,
                                  after=max(STALL_AFTER, NEAR_ZERO * tpot))
         pacings.append(request_pacing(times, r.get("chunk_tokens"), r.get("output_tokens"), blurred,
-                                      truncated=r.get("finish_reason") == "length"))
+                                      truncated=r.get("finish_reason") == "length", below=w))
     return level_fingerprint(pacings)
 
 
@@ -324,6 +365,8 @@ def _evidence_line(label: str, fp: dict) -> str:
         parts.append(f"largest burst {fp['max_burst']}")
     if fp.get("blurred_chunks"):
         parts.append(f"{fp['blurred_chunks']} chunk gaps left out (stamped right after this client stalled)")
+    if fp.get("below_level_chunks"):
+        parts.append(f"{fp['below_level_chunks']} left out (fewer requests streaming than the level's clients)")
     line = ", ".join(parts) + f" -> {fp['call']}"
     if fp["call"] == "late":
         line += (f" (bursts come after waits {fp['pace_ratio']:.1f}x as long as single tokens do, each of their "

@@ -192,7 +192,8 @@ async def run_async(endpoint: Endpoint, spec: LoadSpec) -> dict:
             count_tokens(records, tokenizer)
             summary = stats.summarize(records, wall, spec.slos)
             request_dicts = [r.to_dict() for r in records]
-            fp = fingerprint.fingerprint_records(request_dicts, stalls)
+            fp = fingerprint.fingerprint_records(
+                request_dicts, stalls, int(level.value) if level.kind == "concurrency" else None)
             fp["client_loop_lag_ms"] = stats.distribution(lag)
             server = scrape.window(before, after) if after is not None else {"unavailable": why_after or why}
             levels_out.append({
