@@ -689,8 +689,11 @@ def test_ttft_clock_starts_at_arrival(models):
 @pytest.mark.parametrize("http", ["h11", "httptools"])
 def test_arrival_is_stamped_when_the_request_is_read(http):
     """speclab serve's HTTP protocol stamps a request when the loop reads its first bytes, before the app's task
-    runs: with 8 requests sent together to an app whose handler holds the loop 25 ms, the last one is read long
-    before its handler starts; the app's own stamp (ArrivalClock, the fallback) would have missed that wait."""
+    runs: with 10 requests written together to an app whose handler holds the loop 25 ms, some are read long
+    before their handlers start; the app's own stamp (ArrivalClock, the fallback) would have missed that wait.
+    The client connects first and the first handler holds the loop until all 10 are written: the server reads
+    them in at most two groups (those read with the first, the rest once its handler is done), so one request
+    waits behind at least 4 others' handlers, however the client's writes and the server's reads interleave."""
     import threading
 
     import uvicorn
@@ -699,12 +702,16 @@ def test_arrival_is_stamped_when_the_request_is_read(http):
 
     if http == "httptools":
         pytest.importorskip("httptools")
+    N = 10
     seen = []
+    written = threading.Event()
 
     async def app(scope, receive, send):
         if scope["type"] != "http":
             return
         seen.append((scope.get(ARRIVAL), time.perf_counter()))
+        if len(seen) == 1:
+            written.wait(10)
         time.sleep(0.025)  # holds the event loop, as parsing and tokenising a burst of requests does
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"ok"})
@@ -719,21 +726,29 @@ def test_arrival_is_stamped_when_the_request_is_read(http):
         time.sleep(0.02)
 
     async def burst():
-        import httpx
-
-        async def one():
-            async with httpx.AsyncClient() as c:  # a connection each
-                return (await c.get(f"http://127.0.0.1:{port}/")).status_code
-
-        return await asyncio.gather(*[one() for _ in range(8)])
+        conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(N)]  # a connection each
+        t_end = time.time() + 10
+        while len(uv.server_state.connections) < N and time.time() < t_end:  # the server reads from all of them
+            await asyncio.sleep(0.005)
+        for _, w in conns:
+            w.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        for _, w in conns:
+            await w.drain()
+        written.set()
+        statuses = []
+        for r, w in conns:
+            statuses.append(int((await r.read()).split(b" ", 2)[1]))
+            w.close()
+        return statuses
 
     try:
-        assert asyncio.run(burst()) == [200] * 8
+        assert asyncio.run(burst()) == [200] * N
     finally:
+        written.set()
         uv.should_exit = True
         thread.join(10)
-    assert len(seen) == 8 and all(a is not None and a <= t for a, t in seen)
-    assert max(t - a for a, t in seen) >= 0.08  # read, then waited behind the others' handlers
+    assert len(seen) == N and all(a is not None and a <= t for a, t in seen)
+    assert max(t - a for a, t in seen) >= 0.08  # read, then waited behind >= 4 others' handlers (100 ms)
 
 
 def test_engine_process_death_fails_requests_in_flight(models):
