@@ -419,7 +419,7 @@ def test_client_stalls_blur_chunk_times_and_their_gaps_are_left_out():
 
 def test_below_level_by_hand():
     a, b = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
-    c = [3.2, 3.5]  # a short request inside a's and b's gap 3-4: not streaming through it
+    c = [3.2, 3.5]  # a short request inside a's and b's gap 3-4: not in flight through it
     assert fingerprint.below_level([a, b], 2) == [[False, True, True, False, False, False],
                                                   [False, False, False, False, True, True]]
     assert fingerprint.below_level([a, b, c], 2) == [[False, True, True, False, False, False],
@@ -427,12 +427,15 @@ def test_below_level_by_hand():
     assert fingerprint.below_level([a, b, c], 3)[0] == [False, True, True, True, True, True]
     assert fingerprint.below_level([a, b], 1) == [[False] * 6, [False] * 6]
     assert fingerprint.below_level([[], [1.0]], 2) == [[], [False]]
+    # in flight from when it was sent: b, sent at 0.5, counts through a's gaps from 1.0 on
+    assert fingerprint.below_level([a, b], 2, sent=[0.0, 0.5]) == [[False, True, False, False, False, False],
+                                                                   [False, False, False, False, True, True]]
 
 
 def _adaptive_closed_loop(clients=4, late=6, n_tokens=40, k_tokens=3):
     """Records of one closed-loop level on a server that drafts (rounds of ``k_tokens``, one chunk each) only
-    while fewer than ``clients`` rows run: the first client alone for ``late`` steps (the others still
-    queued), all of them together at one token a step, then the ramp down as they finish."""
+    while fewer than ``clients`` rows run: the first client alone for ``late`` steps (the others not sent yet),
+    all of them together at one token a step, then the ramp down as they finish."""
     first = [0] + [late] * (clients - 1)
     times, tokens = [[] for _ in range(clients)], [[] for _ in range(clients)]
     step = 0
@@ -455,9 +458,13 @@ def test_gaps_below_a_closed_loop_level_are_left_out():
     fp = fingerprint.fingerprint_records(records, concurrency=4)
     assert fp["call"] == "smooth" and fp["near_zero_share"] == 0
     assert fp["below_level_chunks"] > 0 and fp["mean_tokens_per_chunk"] == 1.0
-    assert "fewer requests streaming than the level's clients" in fingerprint.verdict([("c4", 4, fp)])["evidence"][0]
-    # every chunk of a level that never reaches its load is left out: too few gaps to judge
-    assert fingerprint.fingerprint_records(records, concurrency=5)["call"] == "unknown"
+    assert not fp["judged_below_level"]
+    assert "fewer requests in flight than the level's clients" in fingerprint.verdict([("c4", 4, fp)])["evidence"][0]
+    # a level that never reaches its load leaves no gap at it: judged on every gap, as an open-loop level, and said so
+    short = fingerprint.fingerprint_records(records, concurrency=5)
+    assert short["judged_below_level"] and short["call"] == whole["call"]
+    assert short["near_zero_share"] == whole["near_zero_share"] and short["below_level_chunks"] > 0
+    assert "judged on every gap" in fingerprint.verdict([("c5", 5, short)])["evidence"][0]
 
 
 # ---------------------------------------------------------------- /metrics

@@ -44,9 +44,10 @@ The rule (constants below):
    so the gaps of chunks stamped during a stall of at least ``MIN_STALL`` (0.5) x the request's mean
    token gap, or soon after it (within the near-zero threshold, at least ``STALL_AFTER``), are unknown
    and left out (:func:`client_blurred`).
-   A closed-loop level's own ramps: gaps through which fewer of its requests were streaming than it has
-   clients (ramp up and down, a finished request's successor not yet streaming) ran below its load, and
-   an adaptive server may draft there; they and the tokens after them are left out (:func:`below_level`).
+   A closed-loop level's own ramps: gaps through which fewer of its requests were in flight than it has
+   clients (the client still sending, the last requests running alone) ran below its load, and an
+   adaptive server may draft there; they and the tokens after them are left out (:func:`below_level`),
+   unless fewer than ``MIN_GAPS`` gaps would be left.
 5. A load level is **smooth** when fewer than ``BURSTY_SHARE`` (8%) of its per-token gaps, pooled over
    its requests, are near zero (mean burst < 1.09 tokens). Otherwise, when it has at least
    ``MIN_PACE_BURSTS`` (8) one-token and multi-token bursts each, it is **late** when the pace ratio is
@@ -119,15 +120,17 @@ def client_blurred(times: list[float], stalls: list[tuple[float, float]], min_st
     return out
 
 
-def below_level(chunk_times: list[list[float]], concurrency: int) -> list[list[bool]]:
+def below_level(chunk_times: list[list[float]], concurrency: int,
+                sent: list[float] | None = None) -> list[list[bool]]:
     """Per request (its chunk times, all requests on one clock) and per chunk, whether fewer than
-    ``concurrency`` requests were streaming through the whole gap before that chunk, a request streaming
-    from its first chunk to its last. Such gaps belong to a closed-loop level's ramp up (requests still
-    queued or in prefill), its ramp down (the last requests running alone) or its turnover (a finished
-    request's successor not streaming yet): the server ran fewer rows than the level names, and an
-    adaptive server may draft in them. A request's first chunk has no gap before it: False."""
-    spans = [(t[0], t[-1]) for t in chunk_times if t]
-    starts, ends = sorted(s for s, _ in spans), sorted(e for _, e in spans)
+    ``concurrency`` requests were in flight through the whole gap before that chunk, a request being in
+    flight from ``sent`` (when it was on the wire; default: its first chunk) to its last chunk, as a
+    closed-loop load tool counts its concurrency. Such gaps belong to a level's ramp up (the client still
+    sending) or its ramp down (the last requests running alone): the server ran fewer rows than the level
+    names, and an adaptive server may draft in them. A request's first chunk has no gap before it: False."""
+    starts_of = sent if sent is not None else [t[0] if t else 0.0 for t in chunk_times]
+    spans = [(s0, t[-1]) for s0, t in zip(starts_of, chunk_times) if t]
+    starts, ends = sorted(s0 for s0, _ in spans), sorted(e for _, e in spans)
     out = []
     for times in chunk_times:
         flags = [False]
@@ -135,7 +138,7 @@ def below_level(chunk_times: list[list[float]], concurrency: int) -> list[list[b
             # spans that started by a, less those that ended before b, plus those that did both (inside the gap)
             n = bisect_right(starts, a) - bisect_left(ends, b)
             if n < concurrency:
-                n += sum(1 for s, e in spans if a < s and e < b)
+                n += sum(1 for s0, e in spans if a < s0 and e < b)
             flags.append(n < concurrency)
         out.append(flags[:len(times)])
     return out
@@ -325,14 +328,28 @@ def fingerprint_records(records: list[dict], stalls: list[tuple[float, float]] |
     """A level's fingerprint from its request records as JSON dicts (``RequestRecord.to_dict``: ``ok``,
     ``sent``, ``chunk_times``, ``chunk_tokens``, ``output_tokens``, ``finish_reason``) and the client's
     stalls in that level (seconds from the level's start), as :mod:`.runner` stores them: a saved run can be
-    judged again. ``concurrency``: a closed-loop level's clients; gaps while fewer requests were streaming
-    are left out (:func:`below_level`). None (open-loop levels) keeps every gap."""
+    judged again. ``concurrency``: a closed-loop level's clients; the gaps through which fewer requests were
+    in flight are left out (:func:`below_level`), unless that leaves fewer than ``MIN_GAPS`` (a level of a
+    few requests is mostly ramp): then every gap counts and ``judged_below_level`` says so. None (open-loop
+    levels) keeps every gap."""
     stalls = [tuple(s) for s in stalls or []]
-    streams = [[r["sent"] + t for t in r["chunk_times"]] for r in records if r.get("chunk_times")]
-    below = iter(below_level(streams, concurrency) if concurrency else [None] * len(streams))
+    live = [r for r in records if r.get("chunk_times")]
+    streams = [[r["sent"] + t for t in r["chunk_times"]] for r in live]
+    below = below_level(streams, concurrency, [r["sent"] for r in live]) if concurrency else None
+    flags = {id(r): w for r, w in zip(live, below)} if below else {}
+    fp = _fingerprint(records, stalls, flags)
+    fp["judged_below_level"] = False
+    if flags and fp["token_gaps"] < MIN_GAPS:
+        whole = _fingerprint(records, stalls, {})
+        if whole["token_gaps"] > fp["token_gaps"]:
+            n_below = sum(sum(flags[id(r)][1:]) for r in live if r.get("ok"))
+            fp = dict(whole, judged_below_level=True, below_level_chunks=n_below)
+    return fp
+
+
+def _fingerprint(records: list[dict], stalls: list[tuple[float, float]], below: dict) -> dict:
     pacings = []
     for r in records:
-        w = next(below) if r.get("chunk_times") else None
         if not r.get("ok"):
             continue
         times = r["chunk_times"]
@@ -341,8 +358,9 @@ def fingerprint_records(records: list[dict], stalls: list[tuple[float, float]] |
         blurred = client_blurred([r["sent"] + t for t in times], stalls, min_stall=MIN_STALL * tpot,
                                  after=max(STALL_AFTER, NEAR_ZERO * tpot))
         pacings.append(request_pacing(times, r.get("chunk_tokens"), r.get("output_tokens"), blurred,
-                                      truncated=r.get("finish_reason") == "length", below=w))
+                                      truncated=r.get("finish_reason") == "length", below=below.get(id(r))))
     return level_fingerprint(pacings)
+
 
 
 def _evidence_line(label: str, fp: dict) -> str:
@@ -365,8 +383,10 @@ def _evidence_line(label: str, fp: dict) -> str:
         parts.append(f"largest burst {fp['max_burst']}")
     if fp.get("blurred_chunks"):
         parts.append(f"{fp['blurred_chunks']} chunk gaps left out (stamped right after this client stalled)")
-    if fp.get("below_level_chunks"):
-        parts.append(f"{fp['below_level_chunks']} left out (fewer requests streaming than the level's clients)")
+    if fp.get("judged_below_level"):
+        parts.append(f"judged on every gap: only {MIN_GAPS - 1} or fewer with the level's clients all in flight")
+    elif fp.get("below_level_chunks"):
+        parts.append(f"{fp['below_level_chunks']} left out (fewer requests in flight than the level's clients)")
     line = ", ".join(parts) + f" -> {fp['call']}"
     if fp["call"] == "late":
         line += (f" (bursts come after waits {fp['pace_ratio']:.1f}x as long as single tokens do, each of their "
