@@ -12,39 +12,28 @@ client included.
 
 from __future__ import annotations
 
-import json
+import asyncio
 import statistics
 import time
 
 import httpx
 
 
-def served_once(client: httpx.Client, base_url: str, text: str, max_tokens: int, model: str | None = None
-                ) -> tuple[float, int, str]:
-    """One greedy streamed completion: (seconds from the call to the end of the stream, completion tokens
-    from the server's usage, text)."""
-    from ..load.client import Endpoint
+async def served_once(client: httpx.AsyncClient, base_url: str, text: str, max_tokens: int,
+                      model: str | None = None) -> tuple[float, int, str]:
+    """One greedy streamed completion through ``speclab load``'s client: (seconds from the call to the end of the
+    stream, completion tokens from the server's usage, text)."""
+    from ..load.client import Endpoint, RequestRecord, send
 
-    body = Endpoint(base_url, model=model, max_tokens=max_tokens, temperature=0.0).payload(text)
-    parts: list[str] = []
-    tokens = None
+    endpoint = Endpoint(base_url, model=model, max_tokens=max_tokens, temperature=0.0)
     t0 = time.perf_counter()
-    with client.stream("POST", f"{base_url}/v1/completions", json=body) as resp:
-        if resp.status_code != 200:
-            resp.read()
-            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            d = json.loads(line[6:])
-            if d.get("choices"):
-                parts.append(d["choices"][0].get("text") or "")
-            if d.get("usage"):
-                tokens = d["usage"]["completion_tokens"]
+    rec = await send(client, endpoint, text, RequestRecord(0))
     wall = time.perf_counter() - t0
-    if tokens is None:
+    if not rec.ok:
+        raise RuntimeError(rec.error)
+    if rec.usage is None:
         raise RuntimeError("the stream ended without a usage chunk")
-    return wall, tokens, "".join(parts)
+    return wall, rec.usage["completion_tokens"], rec.text
 
 
 def interleaved_overhead(base_url: str, texts: list[str], max_tokens: int, solo_one, model: str | None = None
@@ -55,19 +44,23 @@ def interleaved_overhead(base_url: str, texts: list[str], max_tokens: int, solo_
     * ``ratio``: served tokens/s over solo tokens/s, each summed over all the pairs (the target's figure);
     * ``median_pair``: the median of the per-pair ratios (solo seconds over served seconds, same tokens);
     * ``identical``: pairs whose served text equals the solo text (greedy: all of them)."""
-    pairs = []
-    with httpx.Client(timeout=120.0) as client:
-        served_once(client, base_url, texts[0], 2, model)  # the connection is open before the first pair
-        for i, text in enumerate(texts):
-            if i % 2:
-                s = served_once(client, base_url, text, max_tokens, model)
-                o = solo_one(text)
-            else:
-                o = solo_one(text)
-                s = served_once(client, base_url, text, max_tokens, model)
-            pairs.append({"served_s": s[0], "served_tokens": s[1], "solo_s": o[0], "solo_tokens": o[1],
-                          "identical": s[2] == o[2]})
-    return summarize(pairs)
+
+    async def pairs() -> list[dict]:
+        out = []
+        async with httpx.AsyncClient(timeout=120.0) as client:
+            await served_once(client, base_url, texts[0], 2, model)  # the connection is open before the first pair
+            for i, text in enumerate(texts):
+                if i % 2:
+                    s = await served_once(client, base_url, text, max_tokens, model)
+                    o = solo_one(text)  # blocks the loop: nothing else is in flight
+                else:
+                    o = solo_one(text)
+                    s = await served_once(client, base_url, text, max_tokens, model)
+                out.append({"served_s": s[0], "served_tokens": s[1], "solo_s": o[0], "solo_tokens": o[1],
+                            "identical": s[2] == o[2]})
+        return out
+
+    return summarize(asyncio.run(pairs()))
 
 
 def summarize(pairs: list[dict]) -> dict:

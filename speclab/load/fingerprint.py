@@ -140,7 +140,7 @@ def below_level(chunk_times: list[list[float]], concurrency: int,
             if n < concurrency:
                 n += sum(1 for s0, e in spans if a < s0 and e < b)
             flags.append(n < concurrency)
-        out.append(flags[:len(times)])
+        out.append(flags if times else [])
     return out
 
 
@@ -333,23 +333,23 @@ def fingerprint_records(records: list[dict], stalls: list[tuple[float, float]] |
     few requests is mostly ramp): then every gap counts and ``judged_below_level`` says so. None (open-loop
     levels) keeps every gap."""
     stalls = [tuple(s) for s in stalls or []]
-    live = [r for r in records if r.get("chunk_times")]
-    streams = [[r["sent"] + t for t in r["chunk_times"]] for r in live]
-    below = below_level(streams, concurrency, [r["sent"] for r in live]) if concurrency else None
-    flags = {id(r): w for r, w in zip(live, below)} if below else {}
-    fp = _fingerprint(records, stalls, flags)
+    below = [None] * len(records)  # per record: its chunks' below-level flags, or None
+    if concurrency:
+        below = below_level([[r["sent"] + t for t in r.get("chunk_times") or []] for r in records], concurrency,
+                            [r["sent"] for r in records])
+    fp = _fingerprint(records, stalls, below)
     fp["judged_below_level"] = False
-    if flags and fp["token_gaps"] < MIN_GAPS:
-        whole = _fingerprint(records, stalls, {})
+    if concurrency and fp["token_gaps"] < MIN_GAPS:
+        whole = _fingerprint(records, stalls, [None] * len(records))
         if whole["token_gaps"] > fp["token_gaps"]:
-            n_below = sum(sum(flags[id(r)][1:]) for r in live if r.get("ok"))
+            n_below = sum(sum(w[1:]) for r, w in zip(records, below) if r.get("ok"))
             fp = dict(whole, judged_below_level=True, below_level_chunks=n_below)
     return fp
 
 
-def _fingerprint(records: list[dict], stalls: list[tuple[float, float]], below: dict) -> dict:
+def _fingerprint(records: list[dict], stalls: list[tuple[float, float]], below: list) -> dict:
     pacings = []
-    for r in records:
+    for r, w in zip(records, below):
         if not r.get("ok"):
             continue
         times = r["chunk_times"]
@@ -358,7 +358,7 @@ def _fingerprint(records: list[dict], stalls: list[tuple[float, float]], below: 
         blurred = client_blurred([r["sent"] + t for t in times], stalls, min_stall=MIN_STALL * tpot,
                                  after=max(STALL_AFTER, NEAR_ZERO * tpot))
         pacings.append(request_pacing(times, r.get("chunk_tokens"), r.get("output_tokens"), blurred,
-                                      truncated=r.get("finish_reason") == "length", below=below.get(id(r))))
+                                      truncated=r.get("finish_reason") == "length", below=w))
     return level_fingerprint(pacings)
 
 
