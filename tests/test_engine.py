@@ -317,6 +317,64 @@ def test_grouped_prefill_rows_equal_their_solo_runs(tiny, target_lm):
         assert out == dec.generate([p], k=3, max_new_tokens=12).output_tokens[0], p
 
 
+def test_admit_runs_group_consecutive_rows_within_the_padding_budget():
+    from speclab.engine.scheduler import admit_runs
+
+    assert admit_runs([0, 1, 2, 5], [10, 12, 90, 11]) == [(0, 2), (2, 3), (5, 6)]
+    assert admit_runs([3], [40]) == [(3, 4)]
+    assert admit_runs([0, 1, 2], [50, 50, 50], 0) == [(0, 3)]
+    assert admit_runs([0, 1, 2], [50, 51, 52], 0) == [(0, 1), (1, 2), (2, 3)]
+    assert admit_runs([], []) == []
+
+
+def test_a_model_draft_takes_a_row_in_only_when_it_first_drafts(tiny, target_lm):
+    """A draft model prefills a row late, before the first round that drafts (and once): a row that never drafts
+    (speculation off under load) never costs a draft prefill. Rows taken in late, next to rows taken in earlier,
+    still equal plain greedy decoding."""
+    from speclab.engine import Scheduler
+    from speclab.engine.policies import Choice, make_policy
+    from speclab.engine.request import Request
+    from speclab.engine.sampling import SamplingParams
+
+    class Late:  # drafts nothing for 3 rounds, then k=3 for rows "b" and "c" only (a round drafts all rows' draft)
+        name, k_max = "late", 3
+
+        def __init__(self):
+            self.rounds = 0
+
+        def choose(self, view):
+            self.rounds += 1
+            on = self.rounds > 3
+            return [Choice(3 if on and r.request_id in ("b", "c") else 0, "test") for r in view.rows]
+
+        def draft_stop(self):
+            return None
+
+    prompts = {"a": "hello world", "b": "the cat sat on the mat " * 2, "c": "abc abc", "d": "one two three"}
+    d = make_drafter(tiny["draft_close"], target_lm)
+    taken = []
+    real = d.admit
+    d.admit = lambda ctx, rows, feats: (taken.append([ctx.request_ids[b] for b in rows]), real(ctx, rows, feats))
+
+    def run(drafter, policy, ids):
+        sched = Scheduler(target_lm, drafter, policy, max_running=4, max_len=96)
+        reqs = [Request(target_lm.encode(prompts[i]), 16, SamplingParams(), seed=0, ignore_eos=True, request_id=i)
+                for i in ids]
+        for r in reqs:
+            sched.submit(r)
+        sched.run_until_idle()
+        return reqs
+
+    reqs = run(d, Late(), "abcd")
+    assert sorted(i for grp in taken for i in grp) == ["a", "b", "c", "d"]  # once each
+    assert all(r.history[:3] == [(0, 0)] * 3 for r in reqs) and reqs[1].drafted > 0
+    plain = run(None, None, "abcd")
+    assert [r.generated for r in reqs] == [r.generated for r in plain]
+    taken.clear()
+    run(d, make_policy("batch-table:1-=0", 4), "ab")
+    assert taken == []  # never drafted: never taken in
+
+
 @pytest.fixture(scope="module")
 def target_both_layouts(tiny):
     """The tiny target as a model too big for the cache is kept: each matmul weight in both layouts."""

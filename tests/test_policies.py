@@ -26,6 +26,7 @@ from speclab.engine.policies import (
     PolicyView,
     RowView,
     batch_tokens,
+    draft_prefill_share,
     ema_tiers,
     expected_tokens,
     parse_table,
@@ -163,6 +164,29 @@ def test_expected_and_batch_tokens():
     assert expected_tokens([0.5, 0.25], 2) == 1.75 and expected_tokens([0.5, 0.25], 0) == 1.0
     tot = batch_tokens([[0.5, 0.25, 0.1], [1.0, 1.0, 1.0]], [100, 2], 3)
     assert tot == pytest.approx([2.0, 2.0 + 1.5, 2.0 + 1.75, 2.0 + 1.85])  # row 2 can draft at most 1
+
+
+def test_draft_prefill_share_by_hand():
+    row = RowView("r", (), remaining=30, prompt_len=100, generated=10)  # budget 40
+    assert draft_prefill_share([row], [[0.5, 0.25]], 2, 1e-4) == pytest.approx([0.0, 3.75e-4, 4.375e-4])
+    assert draft_prefill_share([row], [[0.5, 0.25]], 2, 0.0) == [0.0, 0.0, 0.0]  # nothing measured: no charge
+    near_end = RowView("r", (), remaining=2, prompt_len=100, generated=38)  # may draft 1: k = 2 emits as k = 1
+    assert draft_prefill_share([near_end], [[0.5, 0.25]], 2, 1e-4) == pytest.approx([0.0, 3.75e-4, 3.75e-4])
+    unbounded = RowView("r", (), prompt_len=100)  # no budget known: nothing to spread the cost over
+    assert draft_prefill_share([unbounded, row], [[0.5, 0.25]] * 2, 2, 1e-4)[1] == pytest.approx(3.75e-4)
+
+
+def test_goodput_weighs_the_draft_prefill():
+    """A draft that pays off by 10% in the round loses once its prefill, spread over each row's output, is
+    counted: long prompts, short outputs. The prefill is measured online (record_draft_prefill)."""
+    costs = table(step_ms=1.0, verify_ms_per_token=0.3, draft_ms=0.25, rows=(4,))  # k = 1: 1.55 ms, 1 + a tokens
+    h = [(1, 1)] * 7 + [(1, 0)] * 3  # about 0.7 accepted at position 0
+    rows = tuple(RowView(f"r{i}", tuple(h), remaining=20, prompt_len=400, generated=12) for i in range(4))
+    assert Goodput(1).choose(PolicyView(rows, 4, 0, costs))[0].k == 1
+    costs.record_draft_prefill(400, 400 * 5e-5)  # 0.05 ms a token: 20 ms a row, over 32 tokens
+    assert costs.draft_prefill_time(10) == pytest.approx(5e-4)
+    ch = Goodput(1).choose(PolicyView(rows, 4, 0, costs))
+    assert ch[0].k == 0, ch[0].reason
 
 
 def test_goodput_follows_acceptance_on_a_cheap_draft():

@@ -70,6 +70,10 @@ StopRule = Callable[[int, torch.Tensor], torch.Tensor]
 
 @runtime_checkable
 class Drafter(Protocol):
+    """``admits_late`` (optional attribute, default False): :meth:`admit` reads all it needs from ``ctx`` and may
+    run at any round after the prefill (on everything but the newest token), so a scheduler may put it off
+    until the row first drafts; a row that never drafts (speculation off under load) never pays for it."""
+
     name: str
     features: tuple[int, ...]  # target hidden states it reads (layer indices, -1 = final); () = none
 
@@ -78,7 +82,8 @@ class Drafter(Protocol):
 
     def admit(self, ctx: DraftContext, rows: range, features: dict[int, torch.Tensor] | None) -> None:
         """Rows ``rows`` were just prefilled (prompt + first token are in ``ctx``); ``features`` are the
-        target's hidden states over their prompts, (len(rows), T, C) per layer."""
+        target's hidden states over their prompts, (len(rows), T, C) per layer. A drafter that ``admits_late``
+        may instead be admitted later, with ``ctx`` holding the row's tokens so far and no features."""
 
     def propose(self, ctx: DraftContext, ks: list[int], params, uniform: torch.Tensor | None, want_probs: bool,
                 stop: StopRule | None = None) -> Proposal:

@@ -23,6 +23,7 @@ class ModelDrafter:
     draft's own cache never holds more than the committed tokens between rounds."""
 
     features: tuple[int, ...] = ()
+    admits_late = True  # admit prefills every token but the newest from ctx, at any round
 
     def __init__(self, lm, target_vocab: int, tree: TreeShape | None = None):
         self.lm = lm
@@ -53,7 +54,8 @@ class ModelDrafter:
         self.host_dlen = [0] * capacity
 
     def admit(self, ctx: DraftContext, rows: range, features=None) -> None:
-        """Prefill everything but each new row's newest token; the first propose feeds that one."""
+        """Prefill everything but each row's newest token (right after the target's prefill, or later: the scheduler
+        puts it off until the row first drafts); the next propose feeds the newest one."""
         if len(self.host_dlen) < rows.stop:
             grow = rows.stop - len(self.host_dlen)
             self.host_dlen += [0] * grow

@@ -9,6 +9,8 @@ Tables, all in seconds:
   the s steps, the policy's own decision: everything between the round's start and the verify).
 * ``overhead[n]``: the rest of a round of n rows (acceptance, bookkeeping, events), by load level
   (n rounded up to a power of two).
+* the draft model's prefill, in seconds per token (the median of its recent admissions): what taking a row
+  into the draft costs (the scheduler puts that off until the row first drafts).
 
 Each entry is the median of the last ``window`` measurements at exactly that shape (a calibrated shape
 adds its calibrated value twice): on a shared machine a round now and then takes several times its
@@ -163,6 +165,7 @@ class OnlineCosts:
         self._over = _Grid()  # (n, 1) -> s of per-round work outside the forwards
         self._recent: dict[tuple, deque] = {}  # (table, n, T) -> the last `window` samples
         self._ratios: dict[tuple[str, int], deque] = {}  # (table, load level) -> recent online / calibrated ratios
+        self._prefill: deque = deque(maxlen=window)  # draft prefill: recent seconds per token
         self.version = 0  # bumped by every record: policies may cache predictions per version
         self.calibration_s = 0.0  # time spent calibrating (outside any timed region)
         self.frozen = False  # True: records are ignored (a fixed, hand-built table: tests and what-if runs)
@@ -224,6 +227,13 @@ class OnlineCosts:
         with self.lock:  # by load level: a few samples per level, not one per row count
             self._record("overhead", self._over, row_bucket(n), 1, seconds)
 
+    def record_draft_prefill(self, tokens: int, seconds: float) -> None:
+        """The draft model took in rows of ``tokens`` tokens in all (their prompts and what they generated)."""
+        if tokens > 0 and not self.frozen:
+            with self.lock:
+                self._prefill.append(seconds / tokens)
+                self.version += 1
+
     # ------------------------------------------------------------------ predictions
     def target_time(self, n: int, T: int) -> float | None:
         """Seconds for a target forward of n rows x T tokens (None: nothing measured yet)."""
@@ -240,6 +250,11 @@ class OnlineCosts:
     def draft_time(self, n: int) -> float | None:
         """Seconds per draft step for ``n`` rows (the draft phase of a one-step round)."""
         return self.draft_total(n, 1)
+
+    def draft_prefill_time(self, tokens: int) -> float:
+        """Seconds for the draft model to take in ``tokens`` tokens (0: nothing measured yet)."""
+        with self.lock:
+            return statistics.median(self._prefill) * tokens if self._prefill else 0.0
 
     def overhead_time(self, n: int) -> float:
         with self.lock:
@@ -267,6 +282,7 @@ class OnlineCosts:
             return {"target": {f"{n}x{t}": s for (n, t), s in sorted(self._target.val.items())},
                     "draft": {f"{n}x{t}": s for (n, t), s in sorted(self._draft.val.items())},
                     "overhead": {str(n): s for (n, _), s in sorted(self._over.val.items())},
+                    "draft_prefill_per_token": statistics.median(self._prefill) if self._prefill else None,
                     "calibrated_target": {f"{n}x{t}": s for (n, t), s in sorted(self._target.cal.items())},
                     "calibrated_draft": {f"{n}x{t}": s for (n, t), s in sorted(self._draft.cal.items())},
                     "scale": self.scale,

@@ -60,6 +60,8 @@ class RowView:
     pos_accepted: tuple[int, ...] = ()  # ... and in which it was accepted
     remaining: int = 1 << 30  # tokens this row may still emit
     greedy: bool = True
+    prompt_len: int = 0  # the row's prompt tokens (what a draft model prefills to take the row in)
+    generated: int = 0  # tokens the row has emitted so far
 
     @property
     def drafted(self) -> int:
@@ -297,6 +299,34 @@ def batch_tokens(survivals: list[list[float]], remaining: list[int], k_max: int,
             ke = min(k, cap)
             total[k] += 1.0 + (prefix[ke] * factor[ke] if factor is not None else prefix[ke])
     return total
+
+
+def draft_prefill_share(rows, survivals: list[list[float]], k_max: int, per_token: float,
+                        factor: list[float] | None = None) -> list[float]:
+    """Seconds of draft-model prefill a round of k = 0..k_max drafts carries, amortized: speculating means taking
+    every row into the draft model (its prompt, ``per_token`` seconds a token), a cost paid once per row and spread
+    over the row's output, so a round emitting e tokens of a row with budget B = generated + remaining carries
+    e / B of it. (Steady state under load: rows keep arriving, each one prefilled if speculation stays on; a row
+    already taken in stands for the next one.) k = 0 carries nothing: a row that never drafts is never taken in.
+    e.g. one row, prompt 100, 1e-4 s a token, budget 40, survival [0.5, 0.25]: k = 1 emits 1.5 tokens,
+    1.5 / 40 x 100 x 1e-4 = 0.375 ms; k = 2 emits 1.75: 0.4375 ms."""
+    out = [0.0] * (k_max + 1)
+    if per_token <= 0:
+        return out
+    for r, s in zip(rows, survivals):
+        budget = r.generated + r.remaining
+        if r.prompt_len <= 0 or budget <= 0 or budget >= 1 << 29:
+            continue
+        cost = per_token * r.prompt_len / budget
+        cap = max(0, r.remaining - 1)
+        acc = 0.0
+        for k in range(1, k_max + 1):
+            ke = min(k, cap)
+            if k <= cap:
+                acc += s[k - 1]
+            f = factor[ke] if factor is not None else 1.0
+            out[k] += cost * (1.0 + acc * f)
+    return out
 
 
 class LengthCalibration:
@@ -642,11 +672,18 @@ class Goodput:
         self._surv: list[list[float]] = []
 
     def scores(self, view: PolicyView) -> tuple[list[float], list[float | None]]:
-        """Expected batch tokens and predicted round time for every k (pure given the tracker)."""
+        """Expected batch tokens and predicted round time for every k (pure given the tracker); a round that
+        drafts also carries its share of the draft model's prefill (:func:`draft_prefill_share`)."""
         pop = self.tracker.population()
         self._surv = surv = [self.tracker.survival(r.request_id, pop) for r in view.rows]
-        tokens = batch_tokens(surv, [r.remaining for r in view.rows], self.k_max, self.lengths.factors())
-        return tokens, self.times.get(view.costs, len(view.rows))
+        factors = self.lengths.factors()
+        tokens = batch_tokens(surv, [r.remaining for r in view.rows], self.k_max, factors)
+        times = self.times.get(view.costs, len(view.rows))
+        per_token = view.costs.draft_prefill_time(1) if view.costs is not None else 0.0
+        if per_token:
+            extra = draft_prefill_share(view.rows, surv, self.k_max, per_token, factors)
+            times = [t + e if t is not None else None for t, e in zip(times, extra)]
+        return tokens, times
 
     def _run(self, view: PolicyView, k: int, why: str) -> list[Choice]:
         if k > 0 and self._surv:

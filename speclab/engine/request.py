@@ -43,6 +43,7 @@ class Request:
     seed_used: int = 0
     rng: torch.Generator | None = None
     stop_at: int | None = None  # character index where a stop string begins in the decoded output
+    draft_pending: bool = False  # the drafter has not taken this row in yet (it does before the row's first draft)
     # speculation counters (raw; ratios are derived when read)
     rounds: int = 0
     drafted: int = 0

@@ -67,6 +67,22 @@ def prefill_groups(lengths: list[int], budget: int = PREFILL_PAD_BUDGET) -> list
     return groups
 
 
+def admit_runs(rows: list[int], lengths: list[int], budget: int = PREFILL_PAD_BUDGET) -> list[tuple[int, int]]:
+    """Rows to hand a drafter in groups ``range(a, b)``: runs of consecutive row indices (sorted ``rows``), each
+    split where padding to the group's longest, sum(max - length), would pass ``budget`` tokens.
+    e.g. rows [0, 1, 2, 5], lengths [10, 12, 90, 11] (by position in ``rows``) -> [(0, 2), (2, 3), (5, 6)]."""
+    out: list[tuple[int, int]] = []
+    a = 0
+    for b in range(1, len(rows) + 1):
+        if b < len(rows) and rows[b] == rows[b - 1] + 1:
+            grp = lengths[a:b + 1]
+            if len(grp) * max(grp) - sum(grp) <= budget:
+                continue
+        out.append((rows[a], rows[b - 1] + 1))
+        a = b
+    return out
+
+
 class QueueFull(SpeclabError):
     """The waiting queue is at its bound: the request was refused (servers answer 429)."""
 
@@ -374,10 +390,14 @@ class Scheduler:
             self.hooks.emit(RoundEvent(self.run_id, self.round, t1, {"prefill": t1 - t0}, events, "prefill", run, wait,
                                        q, h))
         if self.drafter is not None and self.k_max > 0:
-            feats = dict(out.hidden) if self.draft_features else None
-            ctx = self._ctx()
-            for a, b in groups:
-                self.drafter.admit(ctx, range(r0 + a, r0 + b), feats)
+            if getattr(self.drafter, "admits_late", False) and not self.draft_features:
+                for r in reqs:  # taken in before the row's first draft (_admit_late): never, if it never drafts
+                    r.draft_pending = True
+            else:
+                feats = dict(out.hidden) if self.draft_features else None
+                ctx = self._ctx()
+                for a, b in groups:
+                    self.drafter.admit(ctx, range(r0 + a, r0 + b), feats)
         done = [self.rows[i] for i in finished]
         self._leave(finished)
         return done
@@ -389,6 +409,26 @@ class Scheduler:
         if max(found[i][0] for i in range(a, b)) + T <= self.slots:
             return [(a, b)]
         return [(i, i + 1) for i in range(a, b)]
+
+    def _admit_late(self) -> float:
+        """Hand the drafter the rows it has not taken in yet (every row, drafting or not, runs through a draft
+        forward), grouped as :func:`admit_runs` says; returns the seconds it took."""
+        pending = [b for b, r in enumerate(self.rows) if r.draft_pending]
+        if not pending:
+            return 0.0
+        t = time.perf_counter()
+        ctx = self._ctx()
+        lengths = [len(self.rows[i].context) for i in pending]
+        for a, b in admit_runs(pending, lengths):
+            self.drafter.admit(ctx, range(a, b), None)
+        for b in pending:
+            self.rows[b].draft_pending = False
+        if self.hooks.active or self.record_costs:
+            sync(self.device)
+        spent = time.perf_counter() - t
+        if self.record_costs:
+            self.costs.record_draft_prefill(sum(lengths) - len(lengths), spent)
+        return spent
 
     # ------------------------------------------------------------------ one verification round
     def _draws(self, ks: list[int], params: RowParams, kmax: int):
@@ -415,7 +455,7 @@ class Scheduler:
         if self.drafter is None or self.k_max == 0:
             return [0] * len(rows), ["off"] * len(rows)
         view = PolicyView(tuple(RowView(r.request_id, r.history, r.pos_drafted, r.pos_accepted, r.remaining,
-                                        r.params.greedy) for r in rows),
+                                        r.params.greedy, len(r.prompt_ids), len(r.generated)) for r in rows),
                           len(rows), len(self.waiting), self.costs)
         choices = self.policy.choose(view)
         ks, why = [], []
@@ -441,7 +481,9 @@ class Scheduler:
 
         # ---- draft
         prop = None
+        t_admit = 0.0  # the drafter's late prefill of rows drafting for the first time: not part of the draft phase
         if drafter is not None and kmax > 0:
+            t_admit = self._admit_late()
             stop = self.policy.draft_stop()
             prop = drafter.propose(self._ctx(), ks, params, u_draft, want_probs=want_probs, stop=stop)
             steps = prop.tokens.shape[1]  # draft steps run (for the cost model)
@@ -464,7 +506,7 @@ class Scheduler:
             sync(dev)
         t1 = time.perf_counter()
         if prop is not None and self.record_costs:
-            self.costs.record_draft(n, steps, t1 - t0)
+            self.costs.record_draft(n, steps, t1 - t0 - t_admit)
 
         # ---- verify: one target forward over [newest token, d1..dk] per row (a tree: [newest, nodes...] with
         # positions start + depth and the ancestor mask)
@@ -552,8 +594,9 @@ class Scheduler:
             sync(dev)
             t3 = time.perf_counter()
             run, wait = n - len(finished), len(self.waiting)
-            self.hooks.emit(RoundEvent(self.run_id, self.round, t3, {"draft": t1 - t0, "verify": t2 - t1,
-                                                                     "accept": t3 - t2, "other": t0 - self.t_last},
+            self.hooks.emit(RoundEvent(self.run_id, self.round, t3, {"draft": t1 - t0 - t_admit, "verify": t2 - t1,
+                                                                     "accept": t3 - t2,
+                                                                     "other": t0 - self.t_last + t_admit},
                                        events, "verify", run, wait))
         done = [rows[b] for b in finished]
         self._leave(finished)
