@@ -283,21 +283,31 @@ class RoundTimes:
         return self.times
 
 
+def row_tokens(survival: list[float], remaining: int, k_max: int, factor: list[float] | None = None) -> list[float]:
+    """Expected tokens one row emits in a round of k = 0..k_max drafts: 1 + sum of its survival up to k, with k
+    capped by its budget (a round emits at most ``remaining`` tokens, so it drafts at most remaining-1);
+    ``factor[k]`` scales the expected accepted drafts of a round drafting k (default 1).
+    e.g. survival [0.5, 0.25], remaining 2, k_max 2 -> [1.0, 1.5, 1.5]."""
+    cap = max(0, remaining - 1)
+    prefix, acc = [0.0], 0.0
+    for i in range(min(cap, k_max)):
+        acc += survival[i]
+        prefix.append(acc)
+    out = []
+    for k in range(k_max + 1):
+        ke = min(k, cap)
+        out.append(1.0 + (prefix[ke] * factor[ke] if factor is not None else prefix[ke]))
+    return out
+
+
 def batch_tokens(survivals: list[list[float]], remaining: list[int], k_max: int,
                  factor: list[float] | None = None) -> list[float]:
-    """Expected tokens the whole batch emits in a round of k = 0..k_max drafts per row (each row's k
-    capped by its budget: a round emits at most ``remaining`` tokens, so it drafts at most remaining-1).
-    ``factor[k]`` scales the expected accepted drafts of a row drafting k (default 1)."""
+    """Expected tokens the whole batch emits in a round of k = 0..k_max drafts per row (:func:`row_tokens`
+    summed over the rows)."""
     total = [0.0] * (k_max + 1)
     for s, rem in zip(survivals, remaining):
-        acc, cap = 0.0, max(0, rem - 1)
-        prefix = [0.0]
-        for i in range(min(cap, k_max)):
-            acc += s[i]
-            prefix.append(acc)
-        for k in range(k_max + 1):
-            ke = min(k, cap)
-            total[k] += 1.0 + (prefix[ke] * factor[ke] if factor is not None else prefix[ke])
+        for k, e in enumerate(row_tokens(s, rem, k_max, factor)):
+            total[k] += e
     return total
 
 
@@ -305,9 +315,10 @@ def draft_prefill_share(rows, survivals: list[list[float]], k_max: int, per_toke
                         factor: list[float] | None = None) -> list[float]:
     """Seconds of draft-model prefill a round of k = 0..k_max drafts carries, amortized: speculating means taking
     every row into the draft model (its prompt, ``per_token`` seconds a token), a cost paid once per row and spread
-    over the row's output, so a round emitting e tokens of a row with budget B = generated + remaining carries
-    e / B of it. (Steady state under load: rows keep arriving, each one prefilled if speculation stays on; a row
-    already taken in stands for the next one.) k = 0 carries nothing: a row that never drafts is never taken in.
+    over the row's output, so a round emitting e tokens (:func:`row_tokens`) of a row with budget
+    B = generated + remaining carries e / B of it. (Steady state under load: rows keep arriving, each one
+    prefilled if speculation stays on; a row already taken in stands for the next one.) k = 0 carries nothing:
+    a row that never drafts is never taken in.
     e.g. one row, prompt 100, 1e-4 s a token, budget 40, survival [0.5, 0.25]: k = 1 emits 1.5 tokens,
     1.5 / 40 x 100 x 1e-4 = 0.375 ms; k = 2 emits 1.75: 0.4375 ms."""
     out = [0.0] * (k_max + 1)
@@ -318,14 +329,9 @@ def draft_prefill_share(rows, survivals: list[list[float]], k_max: int, per_toke
         if r.prompt_len <= 0 or budget <= 0 or budget >= 1 << 29:
             continue
         cost = per_token * r.prompt_len / budget
-        cap = max(0, r.remaining - 1)
-        acc = 0.0
-        for k in range(1, k_max + 1):
-            ke = min(k, cap)
-            if k <= cap:
-                acc += s[k - 1]
-            f = factor[ke] if factor is not None else 1.0
-            out[k] += cost * (1.0 + acc * f)
+        for k, e in enumerate(row_tokens(s, r.remaining, k_max, factor)):
+            if k:
+                out[k] += cost * e
     return out
 
 

@@ -362,7 +362,6 @@ def _fingerprint(records: list[dict], stalls: list[tuple[float, float]], below: 
     return level_fingerprint(pacings)
 
 
-
 def _evidence_line(label: str, fp: dict) -> str:
     if fp["call"] == "unknown" and fp["token_gaps"] < MIN_GAPS:
         return f"{label}: only {fp['token_gaps']} token gaps (need {MIN_GAPS}): unknown"
