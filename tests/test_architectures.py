@@ -342,3 +342,61 @@ def test_refuses_untested_types_and_batch_dependent_rope(tmp_path):
     path = _save_config(tmp_path / "tiny-phi3-long", cfg)
     with pytest.raises(SpeclabError, match=r"tiny-phi3-long' \(phi3\).*longrope"):
         load_model(path, device="cpu")
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama-hf", "gpt2", "qwen2-sliding"])
+def test_draft_taken_in_late_beside_a_lagging_row(zoo, arch):
+    """Rows reach the draft's cache at different times: a row that ran plain rounds lags by many tokens while a row
+    that moved into a finished row's slot is taken in late, ahead of a row already held (so the generic backend's
+    cache gets a row that is not its newest). Each draft's first token equals the draft model's own greedy choice
+    on the row's whole context, computed afresh, and every request equals its HF generate."""
+    from speclab.engine.policies import Choice
+
+    class Script:  # round 1: draft (rows taken in); 2-9: plain (rows lag); then draft again
+        name, k_max = "script", 2
+
+        def __init__(self):
+            self.rounds = 0
+
+        def choose(self, view):
+            self.rounds += 1
+            return [Choice(2 if self.rounds == 1 or self.rounds > 9 else 0, "test")] * len(view.rows)
+
+        def draft_stop(self):
+            return None
+
+    target, ref = zoo.target(arch), zoo.reference(arch)
+    drafter = _drafter("draft", zoo, arch, target)
+    lm = drafter.lm
+    checked = []
+    real = drafter.propose
+
+    def propose(ctx, ks, *a, **kw):
+        want = []
+        for b in range(ctx.n):
+            ids = torch.tensor([ctx.host[b]])
+            cache = lm.new_cache(1, ids.shape[1] + 1)
+            out = cache.forward(ids, torch.zeros(1, dtype=torch.long), kv_len=ids.shape[1], rows=slice(0, 1),
+                                last_only=torch.tensor([ids.shape[1] - 1]))
+            top = out.logits[0, -1, :target.vocab_size].topk(2)
+            want.append((int(top.indices[0]), float(top.values[0] - top.values[1])))
+        prop = real(ctx, ks, *a, **kw)
+        for b, (tok, margin) in enumerate(want):
+            if ks[b] > 0 and margin > 1e-3:
+                checked.append((ctx.request_ids[b], int(prop.tokens[b, 0]) == tok))
+        return prop
+
+    drafter.propose = propose
+    sched = Scheduler(target, drafter, Script(), max_running=4)
+    budgets = [5, NEW, NEW, NEW]
+    reqs = [Request(target.encode(p), b, request_id=str(i)) for i, (p, b) in enumerate(zip(PROMPTS, budgets))]
+    for r in reqs[:2]:
+        sched.submit(r)
+    sched.step()  # rows 0 and 1 prefilled and taken into the draft
+    for r in reqs[2:]:
+        sched.submit(r)  # rows 2 and 3 join during the plain rounds; when 0 finishes, 3 moves into its slot
+    sched.run_until_idle()
+    for p, b, r in zip(PROMPTS, budgets, reqs):
+        assert r.generated == ref[p][:b], (arch, p)
+    assert all(r.history[0] == (0, 0) and r.drafted > 0 for r in reqs[2:])  # taken in late
+    assert {i for i, _ in checked} >= {"1", "2", "3"} and all(ok for _, ok in checked), checked

@@ -375,6 +375,47 @@ def test_a_model_draft_takes_a_row_in_only_when_it_first_drafts(tiny, target_lm)
     assert taken == []  # never drafted: never taken in
 
 
+def test_a_row_taken_in_late_near_its_end_next_to_a_lagging_row(tiny, target_lm):
+    """A row whose draft is taken in late, near the end of its slots, beside a row the draft has not seen for many
+    plain rounds: the draft's catch-up block (as wide as the most lagging row) must not write past the cache's
+    slots. Output equals plain greedy."""
+    from speclab.engine import Scheduler
+    from speclab.engine.policies import Choice
+    from speclab.engine.request import Request
+    from speclab.engine.sampling import SamplingParams
+
+    class Script:  # round 1: row "a" drafts (taken in); rounds 2-13 plain; then every row drafts
+        name, k_max = "script", 2
+
+        def __init__(self):
+            self.rounds = 0
+
+        def choose(self, view):
+            self.rounds += 1
+            k = 1 if self.rounds == 1 or self.rounds > 13 else 0
+            return [Choice(k, "test") for r in view.rows]
+
+        def draft_stop(self):
+            return None
+
+    long_prompt = target_lm.encode("the cat sat on the mat and then the dog ran after it " * 2)
+
+    def run(drafter, policy):
+        sched = Scheduler(target_lm, drafter, policy, max_running=2, max_len=len(long_prompt) + 16)
+        a = Request(target_lm.encode("hello"), 16, SamplingParams(), seed=0, ignore_eos=True, request_id="a")
+        c = Request(list(long_prompt), 16, SamplingParams(), seed=0, ignore_eos=True, request_id="c")
+        sched.submit(a)
+        sched.step()  # "a" alone: prefill, and a round that takes it into the draft
+        sched.submit(c)  # "c" arrives later and runs plain until round 14, then is taken in 13 tokens on
+        sched.run_until_idle()
+        return [a, c]
+
+    reqs = run(make_drafter(tiny["draft_close"], target_lm), Script())
+    assert reqs[1].history[:12] == [(0, 0)] * 12 and any(d for d, _ in reqs[1].history[12:])
+    plain = run(None, None)
+    assert [r.generated for r in reqs] == [r.generated for r in plain]
+
+
 @pytest.fixture(scope="module")
 def target_both_layouts(tiny):
     """The tiny target as a model too big for the cache is kept: each matmul weight in both layouts."""

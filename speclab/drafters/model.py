@@ -23,7 +23,6 @@ class ModelDrafter:
     draft's own cache never holds more than the committed tokens between rounds."""
 
     features: tuple[int, ...] = ()
-    admits_late = True  # admit prefills every token but the newest from ctx, at any round
 
     def __init__(self, lm, target_vocab: int, tree: TreeShape | None = None):
         self.lm = lm
@@ -31,6 +30,9 @@ class ModelDrafter:
         if self.tree.is_tree and lm.native is None:
             raise SpeclabError(f"tree drafts need the native backend; draft '{lm.name}' runs on '{lm.backend}'")
         self.name = lm.name + (":" + self.tree.label() if self.tree.is_tree else "")
+        # admit prefills every token but the newest from ctx, so the scheduler may put it off until the row first
+        # drafts; the generic backend's cache takes rows only in order of arrival (all rows, or new ones at the end)
+        self.admits_late = lm.native is not None
         self.target_vocab = target_vocab
         self.cache = None
         self.dlen: torch.Tensor | None = None  # (R,) positions < dlen[b] are in this drafter's cache
@@ -79,14 +81,19 @@ class ModelDrafter:
         L, dlen = ctx.lengths, self.dlen[:n]
         dev = L.device
         k = max(ks)
-        # catch up on tokens the draft has not seen, right-padded to the widest row
+        # catch up on tokens the draft has not seen: one block as wide as the most lagging row, ending at each
+        # row's newest token (a row behind by less re-feeds committed tokens it already holds, marked not valid:
+        # the same tokens at the same positions, so the native cache rewrites the same K/V and the generic
+        # backend skips them). Ending at the newest token keeps every row's block inside its slots: a row taken
+        # in late, near its end, beside rows that ran many plain rounds, would otherwise write past them.
         w = max(hl - dl for hl, dl in zip(ctx.host_lengths, self.host_dlen[:n]))
-        pos = dlen[:, None] + torch.arange(w, device=dev)[None]  # (n, w)
-        valid = pos < L[:, None]
+        start = (L - w).clamp(min=0)  # (n,) <= dlen; 0 for a row shorter than the block (padded after its tokens)
+        pos = start[:, None] + torch.arange(w, device=dev)[None]  # (n, w)
+        valid = (pos >= dlen[:, None]) & (pos < L[:, None])
         inp = ctx.tokens[:n].gather(1, pos.clamp(max=ctx.tokens.shape[1] - 1))  # (n, w)
-        kv_len = max(d + w for d in self.host_dlen[:n])
-        logits = self.cache.forward(inp, dlen, kv_len=kv_len, rows=slice(0, n), valid=valid,
-                                    last_only=L - dlen - 1).logits[:, -1]  # (n, V)
+        kv_len = max(max(hl - w, 0) + w for hl in ctx.host_lengths)
+        logits = self.cache.forward(inp, start, kv_len=kv_len, rows=slice(0, n), valid=valid,
+                                    last_only=L - start - 1).logits[:, -1]  # (n, V)
         if self.tree.is_tree:
             return self._propose_tree(ctx, ks, params, logits)
         chain = ChainDraft(ks, params, uniform, want_probs, stop, dev)
