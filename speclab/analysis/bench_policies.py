@@ -7,8 +7,9 @@ on a *mixed* stream (the workloads' prompts interleaved), at concurrency levels 
 crossover. A level B is a burst of max(requests, B) + B requests at concurrency B: one scheduler runs
 at most B rows, every request is queued at the start and a finished row is replaced at once
 (continuous batching, as a server runs); throughput over the whole burst (prefill and the final drain
-included: every configuration does the same work). All configurations of a cell run one after another (A B C ...,
-then B C ... A in the next repetition: none always runs first or last) and the whole grid repeats ``--reps``
+included: every configuration does the same work). All configurations of a cell run at once, interleaved step by
+step (:func:`lockstep`: each its own scheduler, charged the time of its own steps, the order rotating every
+cycle), because this machine's speed drifts by tens of percent over seconds; the whole grid repeats ``--reps``
 times; each cell reports the median throughput. The spec
 decoder's step costs are calibrated once before anything is timed (``OnlineCosts.calibrate``; its
 seconds are reported, not counted), and are learnt online over the run, as a server would. One policy
@@ -163,6 +164,44 @@ def at_concurrency(target, drafter, policy, prompts: list[list[int]], concurrenc
     return sum(len(r.generated) for r in reqs), spent, reqs
 
 
+def lockstep(target, runs: list[tuple], prompts: list[list[int]], concurrency: int, max_new_tokens: int,
+             costs=None, seed: int = 0, clock=time.perf_counter, offset: int = 0) -> list[tuple[int, float, list]]:
+    """:func:`at_concurrency` for several configurations at once, interleaved step by step: ``runs`` is a list of
+    (drafter or None, policy) pairs, each with its own scheduler over the same ``prompts``; one cycle steps every
+    unfinished scheduler once (the order rotating each cycle, starting at ``offset``), and each configuration is
+    charged the time of its own steps. This machine's speed drifts by tens of percent over seconds (other work on
+    the host); configurations run one after another see different speeds, while steps a few milliseconds apart see
+    the same one, so ratios between configurations are far tighter. Returns (tokens generated, seconds, requests)
+    per run, in order."""
+    from ..engine import Off, Request, Scheduler
+    from ..engine.sampling import SamplingParams
+
+    longest = max(len(p) for p in prompts) + max_new_tokens
+    scheds, reqs = [], []
+    for drafter, policy in runs:
+        pol = policy if drafter is not None else Off()
+        sched = Scheduler(target, drafter, pol, max_running=concurrency, max_waiting=len(prompts), max_len=longest,
+                          capacity=concurrency, costs=costs, record_costs=pol.name not in ("fixed", "off"))
+        rs = [Request(list(p), max_new_tokens, SamplingParams(), seed=seed + i, request_id=f"bench-{i}")
+              for i, p in enumerate(prompts)]
+        for r in rs:
+            sched.submit(r)
+        scheds.append(sched)
+        reqs.append(rs)
+    spent = [0.0] * len(runs)
+    live = list(range(len(runs)))
+    cycle = offset
+    while live:
+        j = cycle % len(live)
+        for i in live[j:] + live[:j]:
+            t = clock()
+            scheds[i].step()
+            spent[i] += clock() - t
+        live = [i for i in live if not scheds[i].idle]
+        cycle += 1
+    return [(sum(len(r.generated) for r in rs), t, rs) for rs, t in zip(reqs, spent)]
+
+
 def run_policies(args) -> int:
     from ..drafters import make_drafter
     from ..engine import SpeculativeDecoder, make_policy
@@ -220,13 +259,15 @@ def run_policies(args) -> int:
     stats: dict[tuple, dict] = {}
     identical: dict[tuple, bool] = {}
     t_run = time.perf_counter()
+    # a drafter per configuration: a model draft's cache belongs to one scheduler (the weights are shared)
+    drafters = {label: make_drafter(draft_name, target, load=cached_model) if pol_spec else None
+                for label, pol_spec, _ in configs}
     for rep in range(g["reps"]):
-        order = configs[rep % len(configs):] + configs[:rep % len(configs)]  # each takes every turn over the reps
         for w, B in cells:
-            for label, pol_spec, k in order:
+            out = lockstep(target, [(drafters[label], policies.get((w, B, label))) for label, _, _ in configs],
+                           queue[(w, B)], B, M, spec.costs, args.seed, clock, offset=rep)
+            for (label, pol_spec, k), (ntok, spent, reqs) in zip(configs, out):
                 key = (w, B, label)
-                ntok, spent, reqs = at_concurrency(target, drafter if pol_spec else None, policies.get(key),
-                                                   queue[(w, B)], B, M, spec.costs, args.seed, clock)
                 runs.setdefault(key, []).append((ntok, spent))
                 st = stats.setdefault(key, dict(drafted=0, accepted=0, rounds=0, zero=0))
                 for r in reqs:
