@@ -235,12 +235,52 @@ def test_goodput_cold_start_explores_then_decides():
 
 def test_goodput_probes_when_acceptance_closed_it():
     costs = table()
-    p = Goodput(4, probe_every=4)
+    p = Goodput(4, probe_every=4, probe_budget=1.0)  # a probe (0.2 ms over a 1 ms round) is always within budget
     ks = [p.choose(view([hist(0.05, 4, 30)], costs))[0].k for _ in range(8)]
     assert ks == [0, 0, 0, 1, 0, 0, 0, 1]  # a probe every 4 rounds at k = 0
     steep = table(step_ms=1.0, steep=True, draft_ms=1.0)  # even a good draft loses: never probe
     q = Goodput(4, probe_every=2)
     assert [q.choose(view([hist(0.05, 4, 30)], steep))[0].k for _ in range(6)] == [0] * 6
+
+
+def test_probe_cost_by_hand():
+    from speclab.engine.policies import probe_cost
+
+    held = RowView("a", (), prompt_len=100, generated=20)
+    new = RowView("b", (), prompt_len=100, generated=20, taken_in=False)
+    assert probe_cost([held], 10e-3, 14e-3, 1e-4) == pytest.approx(4e-3)
+    assert probe_cost([held, new], 10e-3, 14e-3, 1e-4) == pytest.approx(16e-3)  # + 120 tokens of draft prefill
+
+
+def test_goodput_probes_within_its_budget():
+    """A probe costs at most ``probe_budget`` of the time spent at k = 0 since the last one; rows the draft has not
+    taken in yet make it dearer (their draft prefill), so it comes later."""
+    def rows(taken_in):
+        return (RowView("r0", tuple(hist(0.05, 4, 30)), remaining=1000, prompt_len=100, taken_in=taken_in),)
+
+    costs = table()  # 1 ms plain rounds, 1.2 ms at k = 1: a probe costs 0.2 ms
+    p = Goodput(4, probe_every=1, probe_budget=0.11)  # 0.2 ms needs 2 rounds (2 x 1 ms x 0.11 = 0.22 ms)
+    assert [p.choose(PolicyView(rows(True), 1, 0, costs))[0].k for _ in range(6)] == [0, 1, 0, 1, 0, 1]
+    costs.record_draft_prefill(100, 1e-3)  # 10 us a token: taking the row in costs 1 ms more (1.2 ms: 11 rounds)
+    q = Goodput(4, probe_every=1, probe_budget=0.11)
+    ks = [q.choose(PolicyView(rows(False), 1, 0, costs))[0].k for _ in range(12)]
+    assert ks == [0] * 10 + [1, 0]
+
+
+def test_population_keeps_its_estimate_while_nobody_drafts():
+    """The population's evidence ages with new evidence, not with rounds in which nobody drafted: switched off, it
+    keeps what it measured (only a budgeted probe tries again), instead of drifting back to its optimistic prior."""
+    tr = AcceptanceTracker(4)
+    h = [(4, 0), (4, 0), (4, 1)] * 7
+    tr.update(view([h]))
+    low = tr.population()[0]
+    assert low < 0.4
+    for _ in range(100):
+        h = h + [(0, 0)]
+        tr.update(view([h]))
+    assert tr.population()[0] == pytest.approx(low)
+    tr.update(view([h + [(4, 4)]]))  # new evidence moves it again
+    assert tr.population()[0] > low
 
 
 def test_cost_gate_turns_rules_off_and_probes():
@@ -482,6 +522,27 @@ def test_rounds_without_drafts_between_drafting_rounds(tiny, target_lm):
     assert checked >= 10 and any(r.num_drafted == 0 for e in rounds for r in e.rows)
 
 
+def test_draft_costs_are_sampled_in_steady_rounds_only(tiny, target_lm):
+    """The cost model's draft-phase samples come from rounds right after a drafting round: the first drafting round
+    after rounds without drafts runs cold weights and catches up on every skipped token (a switching cost paid once),
+    and would make drafting look dearer than it is to a policy deciding whether to keep drafting."""
+    from speclab.engine import Scheduler
+    from speclab.engine.request import Request
+    from speclab.engine.sampling import SamplingParams
+
+    sched = Scheduler(target_lm, make_drafter(tiny["draft_close"], target_lm), _Zigzag(), max_running=3, max_len=96)
+    sampled = []
+    real = sched.costs.record_draft
+    sched.costs.record_draft = lambda n, steps, sec: (sampled.append(sched.round), real(n, steps, sec))
+    reqs = [sched.submit(Request(target_lm.encode(p), 24, SamplingParams(), ignore_eos=True, request_id=str(i)))
+            for i, p in enumerate(PROMPTS[:3])]
+    sched.run_until_idle()
+    rounds = max(len(r.history) for r in reqs)
+    drafted = [any(i < len(r.history) and r.history[i][0] for r in reqs) for i in range(rounds)]  # round i + 1
+    steady = [i + 1 for i in range(1, rounds) if drafted[i] and drafted[i - 1]]
+    assert sampled == steady and 0 < len(steady) < sum(drafted)
+
+
 def test_events_carry_k_and_reason(tiny, target_lm):
     dec = SpeculativeDecoder(target_lm, make_drafter(tiny["draft_close"], target_lm))
     res = dec.generate(PROMPTS[:3], k=3, max_new_tokens=12, policy="heuristic")
@@ -612,6 +673,24 @@ def test_policy_targets_from_a_hand_built_report():
     a = t["adaptive_vs_plain_floor"]
     assert a["value"] == pytest.approx(0.72) and a["where"] == "ema on mixed batch 16" and not a["met"]
     assert t["all_identical"]["met"]
+
+
+def test_lockstep_runs_configurations_side_by_side(tiny, target_lm):
+    """The benchmark's interleaved runs: each configuration its own scheduler over the same prompts, stepped in turn,
+    charged only its own steps; the output equals plain greedy decoding in every one."""
+    from speclab.analysis.bench_policies import at_concurrency, lockstep
+    from speclab.engine import Fixed
+
+    prompts = [target_lm.encode(p) for p in PROMPTS[:5]]
+    ticks = iter(range(10 ** 6))  # a clock that advances one second per reading: every step costs exactly 1 s
+    out = lockstep(target_lm, [(None, None), (make_drafter(tiny["draft_close"], target_lm), Fixed(3))], prompts, 2, 12,
+                   clock=lambda: float(next(ticks)))
+    (n0, t0, r0), (n1, t1, r1) = out
+    plain = at_concurrency(target_lm, None, None, prompts, 2, 12)[2]
+    assert [r.generated for r in r0] == [r.generated for r in r1] == [r.generated for r in plain]
+    assert n0 == n1 == sum(len(r.generated) for r in plain)
+    assert t0 == int(t0) and t1 == int(t1) and 0 < t1 < t0  # 1 s per own step: speculation needs fewer steps
+    assert sum(r.rounds for r in r1) < sum(r.rounds for r in r0)
 
 
 @pytest.mark.slow

@@ -62,6 +62,7 @@ class RowView:
     greedy: bool = True
     prompt_len: int = 0  # the row's prompt tokens (what a draft model prefills to take the row in)
     generated: int = 0  # tokens the row has emitted so far
+    taken_in: bool = True  # the drafter holds the row already (False: a draft model would prefill it first)
 
     @property
     def drafted(self) -> int:
@@ -154,7 +155,9 @@ class AcceptanceTracker:
     every round, drafted or not, so an estimate follows a row whose text changes character (a code
     row falling into a loop becomes predictable), and evidence ages while the row does not draft: a
     row switched off for low acceptance drifts back to its prior and is tried again. The population's
-    counts decay by ``population_decay`` per round of the tracker. A row's estimate at i is
+    counts decay by ``population_decay`` per update that brings evidence (a round in which some row drafted),
+    not while nobody drafts: a population switched off keeps what it last measured, and only a probe, whose
+    cost the policy weighs, tries it again. A row's estimate at i is
     (accepted + w * prior) / (reached + w), with w = ``prior_weight`` and prior = the row's own
     estimate at i-1 (acceptance is close to i.i.d. along a draft), or at i = 0 the population's; the
     population's own prior at position 0 is ``default``. ``survival(row)`` = cumulative products:
@@ -172,10 +175,7 @@ class AcceptanceTracker:
     def update(self, view: PolicyView) -> None:
         """Absorb every row's rounds since the last call; forget rows that left."""
         K, dec = self.k_max, self.decay
-        pn, pa = self.pop_n, self.pop_a
-        for i in range(K):
-            pn[i] *= self.pop_decay
-            pa[i] *= self.pop_decay
+        new_n, new_a = [0.0] * K, [0.0] * K  # this call's evidence, for the population
         live = set()
         for r in view.rows:
             live.add(r.request_id)
@@ -192,9 +192,13 @@ class AcceptanceTracker:
                     ok = 1.0 if i < a else 0.0
                     N[i] += 1.0
                     A[i] += ok
-                    pn[i] += 1.0
-                    pa[i] += ok
+                    new_n[i] += 1.0
+                    new_a[i] += ok
             st[0] = len(h)
+        if new_n[0]:  # the population's evidence ages as new evidence comes in, not while nobody drafts
+            for i in range(K):
+                self.pop_n[i] = self.pop_n[i] * self.pop_decay + new_n[i]
+                self.pop_a[i] = self.pop_a[i] * self.pop_decay + new_a[i]
         if len(self.rows) > len(live):
             for rid in [x for x in self.rows if x not in live]:
                 del self.rows[rid]
@@ -381,6 +385,14 @@ class LengthCalibration:
                 j = min(tried, key=lambda t: (abs(t - k), t))
                 out[k] = (self.real[j] + self.w) / (self.pred[j] + self.w)
         return out
+
+
+def probe_cost(rows, t0: float, t1: float, per_token: float) -> float:
+    """Seconds a probe round at k = 1 costs over a plain round: the longer round, plus the draft model's prefill
+    of every row it has not taken in yet (each row's prompt and what it generated; ``per_token`` seconds a token).
+    e.g. rounds of 10 and 14 ms, one row of 100 + 20 tokens not taken in, 1e-4 s a token: 4 + 12 = 16 ms."""
+    pending = sum(r.prompt_len + r.generated for r in rows if not r.taken_in)
+    return max(0.0, t1 - t0) + per_token * pending
 
 
 def worth_probing(t0: float, t1: float | None, pop_first: float, default: float, margin: float = 0.25) -> bool:
@@ -661,11 +673,15 @@ class Goodput:
     measure them (calibrating with :meth:`OnlineCosts.calibrate` beforehand avoids even that).
     Exploration: after ``probe_every`` rounds at k = 0 it drafts k = 1 once if that is
     :func:`worth_probing` (so it notices acceptance coming back; never at a load where only an
-    implausible acceptance would pay). A :class:`LengthCalibration` corrects the model's expected
+    implausible acceptance would pay) and its :func:`probe_cost` is at most ``probe_budget`` of the time spent
+    at k = 0 since the last probe: exploring costs at most that share of the run. Under load the cost is
+    mostly the draft's prefill of the rows that arrived since (a probe takes every row into the draft), so
+    probes there come seconds apart, not every few rounds. A :class:`LengthCalibration` corrects the model's expected
     accepted drafts per length from what rounds of that length really accepted."""
 
     k_max: int = 4
     probe_every: int = 8
+    probe_budget: float = 0.05
     name: str = field(default="goodput", init=False)
 
     def __post_init__(self):
@@ -674,6 +690,9 @@ class Goodput:
         self.lengths = LengthCalibration(self.k_max)
         self.times = RoundTimes(self.k_max)
         self.idle = 0
+        self.idle_s = 0.0  # predicted seconds of the rounds at k = 0 since the last probe
+        self._raw: list[float | None] = []  # the last scores' round times without the draft-prefill share
+        self._per_token = 0.0
         self.covered: set = set()
         self._surv: list[list[float]] = []
 
@@ -684,8 +703,8 @@ class Goodput:
         self._surv = surv = [self.tracker.survival(r.request_id, pop) for r in view.rows]
         factors = self.lengths.factors()
         tokens = batch_tokens(surv, [r.remaining for r in view.rows], self.k_max, factors)
-        times = self.times.get(view.costs, len(view.rows))
-        per_token = view.costs.draft_prefill_time(1) if view.costs is not None else 0.0
+        self._raw = times = self.times.get(view.costs, len(view.rows))
+        self._per_token = per_token = view.costs.draft_prefill_time(1) if view.costs is not None else 0.0
         if per_token:
             extra = draft_prefill_share(view.rows, surv, self.k_max, per_token, factors)
             times = [t + e if t is not None else None for t, e in zip(times, extra)]
@@ -722,12 +741,15 @@ class Goodput:
                 best = k
         if best == 0 and self.probe_every:
             self.idle += 1
-            if self.idle >= self.probe_every:
+            self.idle_s += times[0]
+            cheap = self._raw[1] is not None and \
+                probe_cost(view.rows, self._raw[0], self._raw[1], self._per_token) <= self.probe_budget * self.idle_s
+            if self.idle >= self.probe_every and cheap:
                 if worth_probing(times[0], times[1], self.tracker.population()[0], self.tracker.default):
-                    self.idle = 0
-                    return self._run(view, 1, f"goodput: probe k=1 after {self.probe_every} rounds at k=0")
+                    waited, self.idle, self.idle_s = self.idle, 0, 0.0
+                    return self._run(view, 1, f"goodput: probe k=1 after {waited} rounds at k=0")
         else:
-            self.idle = 0
+            self.idle, self.idle_s = 0, 0.0
         gain = rate[best] / rate[0] if rate[0] else float("inf")
         why = (f"goodput: k={best} {tokens[best] / n:.2f} tok/row in {times[best] * 1e3:.2f} ms, "
                f"{gain:.2f}x k=0 ({n} rows)")

@@ -143,6 +143,7 @@ class Scheduler:
         self.reject = rejection_impl(self.device)
         self.reject_tree = tree_rejection_sample  # the multi-candidate rule (tests patch the module name)
         self.t_last = time.perf_counter()
+        self._drafted_last = False  # did the last round draft (its draft phase is then a steady one's cost sample)
         self.draft_features = tuple(getattr(drafter, "features", ()) or ()) if drafter is not None else ()
         # prefix caching (speclab.engine.prefix_cache): the native cache only, and not for drafters that read the
         # target's features at every prompt position (a reused prefix has none)
@@ -455,7 +456,8 @@ class Scheduler:
         if self.drafter is None or self.k_max == 0:
             return [0] * len(rows), ["off"] * len(rows)
         view = PolicyView(tuple(RowView(r.request_id, r.history, r.pos_drafted, r.pos_accepted, r.remaining,
-                                        r.params.greedy, len(r.prompt_ids), len(r.generated)) for r in rows),
+                                        r.params.greedy, len(r.prompt_ids), len(r.generated), not r.draft_pending)
+                                for r in rows),
                           len(rows), len(self.waiting), self.costs)
         choices = self.policy.choose(view)
         ks, why = [], []
@@ -478,6 +480,7 @@ class Scheduler:
         ks, why = self._choose()
         kmax = max(ks)
         u_draft, u_acc, u_next = self._draws(ks, params, kmax)
+        tc = time.perf_counter()  # the policy's choice: paid every round, drafting or not (overhead, not draft)
 
         # ---- draft
         prop = None
@@ -505,8 +508,10 @@ class Scheduler:
         if timed:
             sync(dev)
         t1 = time.perf_counter()
-        if prop is not None and self.record_costs:
-            self.costs.record_draft(n, steps, t1 - t0 - t_admit)
+        if prop is not None and self.record_costs and self._drafted_last:
+            # steady rounds only: right after a round without drafts the draft's weights are cold and its cache
+            # catches up on every plain round's token, a switching cost a policy pays once, not per drafting round
+            self.costs.record_draft(n, steps, t1 - tc - t_admit)
 
         # ---- verify: one target forward over [newest token, d1..dk] per row (a tree: [newest, nodes...] with
         # positions start + depth and the ancestor mask)
@@ -594,15 +599,16 @@ class Scheduler:
             sync(dev)
             t3 = time.perf_counter()
             run, wait = n - len(finished), len(self.waiting)
-            self.hooks.emit(RoundEvent(self.run_id, self.round, t3, {"draft": t1 - t0 - t_admit, "verify": t2 - t1,
+            self.hooks.emit(RoundEvent(self.run_id, self.round, t3, {"draft": t1 - tc - t_admit, "verify": t2 - t1,
                                                                      "accept": t3 - t2,
-                                                                     "other": t0 - self.t_last + t_admit},
+                                                                     "other": tc - self.t_last + t_admit},
                                        events, "verify", run, wait))
         done = [rows[b] for b in finished]
         self._leave(finished)
+        self._drafted_last = prop is not None
         self.t_last = time.perf_counter()
         if self.record_costs:  # the round's work outside the forwards (policies weigh it against the forwards)
-            self.costs.record_overhead(n, self.t_last - t2)
+            self.costs.record_overhead(n, self.t_last - t2 + tc - t0)
         return done
 
     # ------------------------------------------------------------------ running until done
