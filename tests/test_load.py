@@ -913,8 +913,12 @@ def test_bench_serve_small(tmp_path, capsys):
         (s, c) for s in ("speclab plain", "speclab speculative") for c in (1, 2)}
     assert all(r["failed"] == 0 and r["tok_s"] > 0 for r in res["rows"])
     seen = [(r["server"], r["concurrency"], r["pacing"], r["tok_s_reps"]) for r in res["rows"]]
-    assert {r["pacing"] for r in res["rows"] if r["server"] == "speclab plain"} == {"smooth"}, seen
-    assert {r["pacing"] for r in res["rows"] if r["server"] == "speclab speculative"} == {"bursty"}, seen
+    # a level of 3 short requests whose client was starved (CI on a busy 2-core machine: one repetition ran at half
+    # the other's speed) keeps too few trustworthy gaps and reads "unknown", never the wrong pacing
+    plain = [r["pacing"] for r in res["rows"] if r["server"] == "speclab plain"]
+    spec = [r["pacing"] for r in res["rows"] if r["server"] == "speclab speculative"]
+    assert set(plain) <= {"smooth", "unknown"} and "smooth" in plain, seen
+    assert set(spec) <= {"bursty", "unknown"} and "bursty" in spec, seen
     for d in res["identity"]["servers"].values():
         assert d["prompts_checked"] >= 3 and d["identical"] == d["prompts_checked"]
     assert set(res["crossover"]["json"]["speedup"]) == {"1", "2"}
