@@ -138,15 +138,9 @@ def policy_configs(fixed_ks: list[int], names: list[str]) -> list[tuple[str, str
     return out
 
 
-def at_concurrency(target, drafter, policy, prompts: list[list[int]], concurrency: int, max_new_tokens: int,
-                   costs=None, seed: int = 0, clock=time.perf_counter):
-    """Decode ``prompts`` (token ids, greedy) through one scheduler that runs at most ``concurrency`` rows,
-    every request queued at the start, so a finished row is replaced at once (continuous batching, as a
-    server runs under a burst of requests), to the last token. Every configuration does the same work
-    (every prompt prefilled, every token generated), so throughputs compare fairly; a window cut while
-    requests are still running would not (plain decoding moves its rows in lockstep, speculation does
-    not, so the partial progress inside the window differs). Returns (tokens generated, seconds,
-    requests)."""
+def _burst(target, drafter, policy, prompts: list[list[int]], concurrency: int, max_new_tokens: int, costs, seed: int):
+    """One scheduler of at most ``concurrency`` rows with every prompt queued (greedy, ``max_new_tokens`` each):
+    (scheduler, requests). No drafter: plain decoding. Adaptive policies record step costs; fixed k does not."""
     from ..engine import Off, Request, Scheduler
     from ..engine.sampling import SamplingParams
 
@@ -158,6 +152,19 @@ def at_concurrency(target, drafter, policy, prompts: list[list[int]], concurrenc
             for i, p in enumerate(prompts)]
     for r in reqs:
         sched.submit(r)
+    return sched, reqs
+
+
+def at_concurrency(target, drafter, policy, prompts: list[list[int]], concurrency: int, max_new_tokens: int,
+                   costs=None, seed: int = 0, clock=time.perf_counter):
+    """Decode ``prompts`` (token ids, greedy) through one scheduler that runs at most ``concurrency`` rows,
+    every request queued at the start, so a finished row is replaced at once (continuous batching, as a
+    server runs under a burst of requests), to the last token. Every configuration does the same work
+    (every prompt prefilled, every token generated), so throughputs compare fairly; a window cut while
+    requests are still running would not (plain decoding moves its rows in lockstep, speculation does
+    not, so the partial progress inside the window differs). Returns (tokens generated, seconds,
+    requests)."""
+    sched, reqs = _burst(target, drafter, policy, prompts, concurrency, max_new_tokens, costs, seed)
     t = clock()
     sched.run_until_idle()
     spent = clock() - t
@@ -173,21 +180,8 @@ def lockstep(target, runs: list[tuple], prompts: list[list[int]], concurrency: i
     the host); configurations run one after another see different speeds, while steps a few milliseconds apart see
     the same one, so ratios between configurations are far tighter. Returns (tokens generated, seconds, requests)
     per run, in order."""
-    from ..engine import Off, Request, Scheduler
-    from ..engine.sampling import SamplingParams
-
-    longest = max(len(p) for p in prompts) + max_new_tokens
-    scheds, reqs = [], []
-    for drafter, policy in runs:
-        pol = policy if drafter is not None else Off()
-        sched = Scheduler(target, drafter, pol, max_running=concurrency, max_waiting=len(prompts), max_len=longest,
-                          capacity=concurrency, costs=costs, record_costs=pol.name not in ("fixed", "off"))
-        rs = [Request(list(p), max_new_tokens, SamplingParams(), seed=seed + i, request_id=f"bench-{i}")
-              for i, p in enumerate(prompts)]
-        for r in rs:
-            sched.submit(r)
-        scheds.append(sched)
-        reqs.append(rs)
+    scheds, reqs = zip(*[_burst(target, drafter, policy, prompts, concurrency, max_new_tokens, costs, seed)
+                         for drafter, policy in runs])
     spent = [0.0] * len(runs)
     live = list(range(len(runs)))
     cycle = offset

@@ -742,9 +742,9 @@ class Goodput:
         if best == 0 and self.probe_every:
             self.idle += 1
             self.idle_s += times[0]
-            cheap = self._raw[1] is not None and \
-                probe_cost(view.rows, self._raw[0], self._raw[1], self._per_token) <= self.probe_budget * self.idle_s
-            if self.idle >= self.probe_every and cheap:
+            r0, r1 = self._raw[0], self._raw[1]  # round times without the prefill share: a probe pays the real one
+            if self.idle >= self.probe_every and r1 is not None and \
+                    probe_cost(view.rows, r0, r1, self._per_token) <= self.probe_budget * self.idle_s:
                 if worth_probing(times[0], times[1], self.tracker.population()[0], self.tracker.default):
                     waited, self.idle, self.idle_s = self.idle, 0, 0.0
                     return self._run(view, 1, f"goodput: probe k=1 after {waited} rounds at k=0")
