@@ -294,7 +294,7 @@ def test_cost_gate_turns_rules_off_and_probes():
     cheap = table()
     assert Heuristic(4).choose(view([hist(0.9, 4, 10)], cheap))[0].k > 0
     tr = AcceptanceTracker(4)
-    gate = CostGate(tr, probe_every=3)
+    gate = CostGate(tr, probe_every=3, probe_budget=1.0)  # a probe (0.2 ms over a 1 ms round) always within budget
     from speclab.engine.policies import Choice
 
     v = view([hist(0.05, 4, 20)], cheap)
@@ -714,3 +714,18 @@ def test_bench_policies_smoke(tmp_path, capsys):
     assert {"goodput_vs_best_fixed", "mixed_goodput_vs_best_single_k", "adaptive_vs_plain_floor",
             "all_identical"} <= set(rep["targets"])
     assert "target goodput_vs_best_fixed" in capsys.readouterr().out
+
+
+def test_survival_is_the_product_of_the_conditionals():
+    """``survival`` computes its products in one loop (policies ask for every row every round): it equals the
+    cumulative products of ``conditional`` for a row with evidence, one without any, and one never seen."""
+    tr = AcceptanceTracker(4)
+    v = view([[(4, 2), (4, 4), (2, 1), (0, 0)], [(0, 0), (0, 0)]], ids=["seen", "blank"])
+    tr.update(v)
+    pop = tr.population()
+    for rid in ("seen", "blank", "never"):
+        prods, s = [], 1.0
+        for c in tr.conditional(rid, pop):
+            s *= c
+            prods.append(s)
+        assert tr.survival(rid, pop) == pytest.approx(prods, rel=1e-12), rid

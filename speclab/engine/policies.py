@@ -49,10 +49,12 @@ from ..errors import SpeclabError
 from ..limits import check_float, check_k
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RowView:
     """What a policy may know about one running row (the sequences may be the request's live lists:
-    read them, never change them)."""
+    read them, never change them; a policy never changes a view, it reads it). A plain slotted class, not a
+    frozen one: the scheduler builds one per row every round, and a frozen dataclass costs several times more
+    to build."""
 
     request_id: str
     history: tuple[tuple[int, int], ...]  # (drafted, accepted) per round, oldest first
@@ -184,16 +186,27 @@ class AcceptanceTracker:
             if st is None or st[0] > len(h):  # new (or an id reused by a new request)
                 st = self.rows[r.request_id] = [0, [0.0] * K, [0.0] * K]
             seen, N, A = st
+            z = 0  # rounds since the last one that drafted: their decay is applied at once
             for d, a in h[seen:]:
+                z += 1
+                if d == 0:
+                    continue
+                f = dec ** z
+                z = 0
                 for i in range(K):
-                    N[i] *= dec
-                    A[i] *= dec
+                    N[i] *= f
+                    A[i] *= f
                 for i in range(min(d, a + 1, K)):
                     ok = 1.0 if i < a else 0.0
                     N[i] += 1.0
                     A[i] += ok
                     new_n[i] += 1.0
                     new_a[i] += ok
+            if z and N[0]:  # (N[i] <= N[0]: nothing reached position 0, nothing to decay)
+                f = dec ** z
+                for i in range(K):
+                    N[i] *= f
+                    A[i] *= f
             st[0] = len(h)
         if new_n[0]:  # the population's evidence ages as new evidence comes in, not while nobody drafts
             for i in range(K):
@@ -225,9 +238,26 @@ class AcceptanceTracker:
         return out
 
     def survival(self, request_id: str, pop: list[float] | None = None) -> list[float]:
+        """P(drafts 0..i all accepted) for i < K: the cumulative products of :meth:`conditional` (one loop: policies
+        ask for every row every round)."""
+        pop = pop if pop is not None else self.population()
+        st = self.rows.get(request_id)
         s, out = 1.0, []
-        for c in self.conditional(request_id, pop):
-            s *= c
+        if st is None:
+            for c in pop:
+                s *= c
+                out.append(s)
+            return out
+        N, A = st[1], st[2]
+        w, prior = self.w, pop[0]
+        if not N[0]:  # no evidence at all (N[i] <= N[0]): every position at the population's first
+            for _ in range(self.k_max):
+                s *= prior
+                out.append(s)
+            return out
+        for i in range(self.k_max):
+            prior = (A[i] + w * prior) / (N[i] + w)
+            s *= prior
             out.append(s)
         return out
 
@@ -292,15 +322,14 @@ def row_tokens(survival: list[float], remaining: int, k_max: int, factor: list[f
     capped by its budget (a round emits at most ``remaining`` tokens, so it drafts at most remaining-1);
     ``factor[k]`` scales the expected accepted drafts of a round drafting k (default 1).
     e.g. survival [0.5, 0.25], remaining 2, k_max 2 -> [1.0, 1.5, 1.5]."""
-    cap = max(0, remaining - 1)
-    prefix, acc = [0.0], 0.0
-    for i in range(min(cap, k_max)):
-        acc += survival[i]
-        prefix.append(acc)
-    out = []
-    for k in range(k_max + 1):
-        ke = min(k, cap)
-        out.append(1.0 + (prefix[ke] * factor[ke] if factor is not None else prefix[ke]))
+    cap = remaining - 1 if remaining > 1 else 0
+    out, acc = [1.0], 0.0
+    for k in range(1, k_max + 1):
+        if k <= cap:
+            acc += survival[k - 1]
+            out.append(1.0 + (acc * factor[k] if factor is not None else acc))
+        else:  # budget-capped: a round drafting k runs as one drafting cap
+            out.append(out[-1])
     return out
 
 
@@ -308,35 +337,45 @@ def batch_tokens(survivals: list[list[float]], remaining: list[int], k_max: int,
                  factor: list[float] | None = None) -> list[float]:
     """Expected tokens the whole batch emits in a round of k = 0..k_max drafts per row (:func:`row_tokens`
     summed over the rows)."""
-    total = [0.0] * (k_max + 1)
-    for s, rem in zip(survivals, remaining):
-        for k, e in enumerate(row_tokens(s, rem, k_max, factor)):
-            total[k] += e
-    return total
+    return round_tokens([row_tokens(s, rem, k_max, factor) for s, rem in zip(survivals, remaining)], k_max)
+
+
+def round_tokens(per_row: list[list[float]], k_max: int) -> list[float]:
+    """The rows' :func:`row_tokens` summed: the batch's expected tokens for k = 0..k_max."""
+    return [sum(col) for col in zip(*per_row)] if per_row else [0.0] * (k_max + 1)
 
 
 def draft_prefill_share(rows, survivals: list[list[float]], k_max: int, per_token: float,
-                        factor: list[float] | None = None) -> list[float]:
+                        factor: list[float] | None = None, per_row: list[list[float]] | None = None) -> list[float]:
     """Seconds of draft-model prefill a round of k = 0..k_max drafts carries, amortized: speculating means taking
     every row into the draft model (its prompt, ``per_token`` seconds a token), a cost paid once per row and spread
     over the row's output, so a round emitting e tokens (:func:`row_tokens`) of a row with budget
     B = generated + remaining carries e / B of it. (Steady state under load: rows keep arriving, each one
     prefilled if speculation stays on; a row already taken in stands for the next one.) k = 0 carries nothing:
-    a row that never drafts is never taken in.
+    a row that never drafts is never taken in. ``per_row``: the rows' :func:`row_tokens`, when already computed.
     e.g. one row, prompt 100, 1e-4 s a token, budget 40, survival [0.5, 0.25]: k = 1 emits 1.5 tokens,
     1.5 / 40 x 100 x 1e-4 = 0.375 ms; k = 2 emits 1.75: 0.4375 ms."""
     out = [0.0] * (k_max + 1)
     if per_token <= 0:
         return out
-    for r, s in zip(rows, survivals):
-        budget = r.generated + r.remaining
-        if r.prompt_len <= 0 or budget <= 0 or budget >= 1 << 29:
+    for j, r in enumerate(rows):
+        cost = prefill_per_token(r, per_token)
+        if not cost:
             continue
-        cost = per_token * r.prompt_len / budget
-        for k, e in enumerate(row_tokens(s, r.remaining, k_max, factor)):
-            if k:
-                out[k] += cost * e
+        e = per_row[j] if per_row is not None else row_tokens(survivals[j], r.remaining, k_max, factor)
+        for k in range(1, k_max + 1):
+            out[k] += cost * e[k]
     return out
+
+
+def prefill_per_token(r, per_token: float) -> float:
+    """Seconds of the draft model's prefill of row ``r`` (its prompt, ``per_token`` seconds a token) carried by each
+    token the row emits while speculating: the prefill spread over the row's budget (generated + remaining); 0 for a
+    row without a prompt length or a bounded budget. e.g. prompt 100, 1e-4 s a token, budget 40: 0.25 ms a token."""
+    budget = r.generated + r.remaining
+    if per_token <= 0 or r.prompt_len <= 0 or budget <= 0 or budget >= 1 << 29:
+        return 0.0
+    return per_token * r.prompt_len / budget
 
 
 class LengthCalibration:
@@ -405,23 +444,58 @@ def worth_probing(t0: float, t1: float | None, pop_first: float, default: float,
     return t1 / t0 - 1.0 <= min(default, pop_first + margin)
 
 
+class ProbeBudget:
+    """When a policy that switched drafting off (k = 0) tries one round at k = 1 again, so that it notices
+    acceptance coming back (rows at k = 0 teach the tracker nothing): after at least ``every`` rounds at k = 0,
+    when the probe is :func:`worth_probing`, and when its :func:`probe_cost` is at most ``budget`` of the time spent
+    at k = 0 since the last probe, so exploring costs at most that share of the run. Under load the cost is mostly
+    the draft's prefill of the rows that arrived since (a probe takes every row into the draft), so probes there
+    come seconds apart, not every few rounds. One home for goodput and the cost gate of the published rules."""
+
+    def __init__(self, every: int, budget: float):
+        self.every, self.budget = every, budget
+        self.idle = 0  # rounds at k = 0 since the last probe
+        self.idle_s = 0.0  # their predicted seconds
+
+    def reset(self) -> None:
+        self.idle, self.idle_s = 0, 0.0
+
+    def off_round(self, rows, t0: float, t1: float | None, per_token: float, pop_first: float, default: float,
+                  t1_weighed: float | None = None) -> int:
+        """Count one round at k = 0 (``t0`` its predicted seconds, ``t1`` a k = 1 round's, both without any prefill
+        share; ``t1_weighed``: the k = 1 round as the policy weighs it, default ``t1``). A probe is due now: the
+        rounds waited for it (the count restarts); not due: 0."""
+        self.idle += 1
+        self.idle_s += t0
+        if not self.every or self.idle < self.every or t1 is None:
+            return 0
+        if probe_cost(rows, t0, t1, per_token) > self.budget * self.idle_s:
+            return 0
+        if not worth_probing(t0, t1 if t1_weighed is None else t1_weighed, pop_first, default):
+            return 0
+        waited = self.idle
+        self.reset()
+        return waited
+
+
 class CostGate:
     """Switches a rule's drafts off for a round when the cost model says they lose to plain decoding:
-    expected batch tokens / predicted round time at the rule's widest k < the same at k = 0.
+    expected batch tokens / predicted round time at the rule's widest k < the same at k = 0. A drafting round
+    carries its share of the draft model's prefill (:func:`prefill_per_token`: speculating takes every row into the
+    draft model, a cost that decides the matter under load), as goodput weighs it.
 
-    Rows that stop drafting stop teaching the tracker, so after ``probe_every`` gated rounds in a row
-    one round drafts k = 1 (at most) when that is :func:`worth_probing`: when acceptance, not load,
-    closed the gate and a plausible rise in acceptance would reopen it (a probe at a load where even a
-    good draft loses would be pure waste). Without a plain step timed at a row count near this one it runs
-    one plain round (rules such as Hugging Face's never draft fewer than one token, so nothing else would
-    time it, and the gate would stay open for good); without a draft or verify timed there it lets the
-    rule through (so those get measured)."""
+    Rows that stop drafting stop teaching the tracker, so after ``probe_every`` gated rounds one round drafts
+    k = 1 (at most) when the :class:`ProbeBudget` allows (``probe_budget`` of the time spent gated) and the probe is
+    :func:`worth_probing`: when acceptance, not load, closed the gate and a plausible rise in acceptance would
+    reopen it (a probe at a load where even a good draft loses would be pure waste). Without a plain step timed at
+    a row count near this one it runs one plain round (rules such as Hugging Face's never draft fewer than one
+    token, so nothing else would time it, and the gate would stay open for good); without a draft or verify timed
+    there it lets the rule through (so those get measured)."""
 
-    def __init__(self, tracker: AcceptanceTracker, probe_every: int = 16):
+    def __init__(self, tracker: AcceptanceTracker, probe_every: int = 16, probe_budget: float = 0.05):
         self.tracker = tracker
-        self.probe_every = probe_every
+        self.probes = ProbeBudget(probe_every, probe_budget)
         self.times = RoundTimes(tracker.k_max)
-        self.closed = 0
         self.covered: set = set()
 
     def apply(self, view: PolicyView, choices: list[Choice], rule: str, width: float | None = None) -> list[Choice]:
@@ -448,21 +522,21 @@ class CostGate:
         tk = tlo + (thi - tlo) * (w - lo)
         if w < 1.0:  # a draft stopped before its first token still ran the draft forward that decided to stop
             tk += (1.0 - w) * (view.costs.draft_total(n, 1) or 0.0)
+        per_token = view.costs.draft_prefill_time(1)
         pop = self.tracker.population()
-        e_spec = 0.0
+        e_spec = share = 0.0
         for r, k in zip(view.rows, ks):
-            s = self.tracker.survival(r.request_id, pop)
-            e_spec += expected_tokens(s, min(k, max(0, r.remaining - 1)))
-        gain = (e_spec / tk) / (n / t0)
+            e = expected_tokens(self.tracker.survival(r.request_id, pop), min(k, max(0, r.remaining - 1)))
+            e_spec += e
+            if k:
+                share += prefill_per_token(r, per_token) * e
+        gain = (e_spec / (tk + share)) / (n / t0)
         if gain >= 1.0:
-            self.closed = 0
+            self.probes.reset()
             return choices
-        self.closed += 1
-        if self.closed >= self.probe_every:
-            if worth_probing(t0, times[1], self.tracker.population()[0], self.tracker.default):
-                self.closed = 0
-                return [Choice(min(c.k, 1), f"probe k=1 after {self.probe_every} rounds off ({rule})")
-                        for c in choices]
+        if self.probes.off_round(view.rows, t0, times[1], per_token, pop[0], self.tracker.default):
+            return [Choice(min(c.k, 1), f"probe k=1 after {self.probes.every}+ rounds off ({rule})")
+                    for c in choices]
         why = f"off: {rule} k={kmax} predicted {gain:.2f}x plain ({n} rows)"
         return [Choice(0, why)] * n
 
@@ -671,13 +745,11 @@ class Goodput:
 
     Cold start: at a row count with no cost numbers it runs one k = 0 round and one k = K round to
     measure them (calibrating with :meth:`OnlineCosts.calibrate` beforehand avoids even that).
-    Exploration: after ``probe_every`` rounds at k = 0 it drafts k = 1 once if that is
-    :func:`worth_probing` (so it notices acceptance coming back; never at a load where only an
-    implausible acceptance would pay) and its :func:`probe_cost` is at most ``probe_budget`` of the time spent
-    at k = 0 since the last probe: exploring costs at most that share of the run. Under load the cost is
-    mostly the draft's prefill of the rows that arrived since (a probe takes every row into the draft), so
-    probes there come seconds apart, not every few rounds. A :class:`LengthCalibration` corrects the model's expected
-    accepted drafts per length from what rounds of that length really accepted."""
+    Exploration: after ``probe_every`` rounds at k = 0 it drafts k = 1 once when its :class:`ProbeBudget`
+    (``probe_budget`` of the time spent at k = 0) allows and the probe is :func:`worth_probing` (so it notices
+    acceptance coming back; never at a load where only an implausible acceptance would pay). A
+    :class:`LengthCalibration` corrects the model's expected accepted drafts per length from what rounds of that
+    length really accepted."""
 
     k_max: int = 4
     probe_every: int = 8
@@ -689,8 +761,7 @@ class Goodput:
         self.tracker = AcceptanceTracker(self.k_max)
         self.lengths = LengthCalibration(self.k_max)
         self.times = RoundTimes(self.k_max)
-        self.idle = 0
-        self.idle_s = 0.0  # predicted seconds of the rounds at k = 0 since the last probe
+        self.probes = ProbeBudget(self.probe_every, self.probe_budget)
         self._raw: list[float | None] = []  # the last scores' round times without the draft-prefill share
         self._per_token = 0.0
         self.covered: set = set()
@@ -702,11 +773,12 @@ class Goodput:
         pop = self.tracker.population()
         self._surv = surv = [self.tracker.survival(r.request_id, pop) for r in view.rows]
         factors = self.lengths.factors()
-        tokens = batch_tokens(surv, [r.remaining for r in view.rows], self.k_max, factors)
+        per_row = [row_tokens(sv, r.remaining, self.k_max, factors) for sv, r in zip(surv, view.rows)]
+        tokens = round_tokens(per_row, self.k_max)
         self._raw = times = self.times.get(view.costs, len(view.rows))
         self._per_token = per_token = view.costs.draft_prefill_time(1) if view.costs is not None else 0.0
         if per_token:
-            extra = draft_prefill_share(view.rows, surv, self.k_max, per_token, factors)
+            extra = draft_prefill_share(view.rows, surv, self.k_max, per_token, factors, per_row)
             times = [t + e if t is not None else None for t, e in zip(times, extra)]
         return tokens, times
 
@@ -739,17 +811,14 @@ class Goodput:
         for k in range(1, K + 1):
             if rate[k] > rate[best] * (1 + 1e-9):
                 best = k
-        if best == 0 and self.probe_every:
-            self.idle += 1
-            self.idle_s += times[0]
-            r0, r1 = self._raw[0], self._raw[1]  # round times without the prefill share: a probe pays the real one
-            if self.idle >= self.probe_every and r1 is not None and \
-                    probe_cost(view.rows, r0, r1, self._per_token) <= self.probe_budget * self.idle_s:
-                if worth_probing(times[0], times[1], self.tracker.population()[0], self.tracker.default):
-                    waited, self.idle, self.idle_s = self.idle, 0, 0.0
-                    return self._run(view, 1, f"goodput: probe k=1 after {waited} rounds at k=0")
+        if best == 0:
+            # round times without the prefill share: a probe pays the real one (weighed with the share)
+            waited = self.probes.off_round(view.rows, self._raw[0], self._raw[1], self._per_token,
+                                           self.tracker.population()[0], self.tracker.default, times[1])
+            if waited:
+                return self._run(view, 1, f"goodput: probe k=1 after {waited} rounds at k=0")
         else:
-            self.idle, self.idle_s = 0, 0.0
+            self.probes.reset()
         gain = rate[best] / rate[0] if rate[0] else float("inf")
         why = (f"goodput: k={best} {tokens[best] / n:.2f} tok/row in {times[best] * 1e3:.2f} ms, "
                f"{gain:.2f}x k=0 ({n} rows)")
@@ -802,7 +871,8 @@ class Confidence(GatedRule):
             d, a = r.history[i]
             k = asked.pop(i, 0)
             real.append((k, a) if a == d < k else (d, a))
-        return replace(r, history=real)  # the live list, as the scheduler passes its own (no copy per round)
+        return RowView(r.request_id, real, r.pos_drafted, r.pos_accepted, r.remaining, r.greedy, r.prompt_len,
+                       r.generated, r.taken_in)  # the live list, as the scheduler passes its own (no copy per round)
 
     def choose(self, view: PolicyView) -> list[Choice]:
         K = self.k_max
