@@ -729,3 +729,20 @@ def test_survival_is_the_product_of_the_conditionals():
             s *= c
             prods.append(s)
         assert tr.survival(rid, pop) == pytest.approx(prods, rel=1e-12), rid
+
+
+def test_cost_gate_weighs_the_draft_prefill_share():
+    """Speculating takes every row into the draft model: the gate charges a drafting round its share of that
+    prefill (the prompt spread over the row's budget), as goodput does. A good draft (2.3x by the round times alone)
+    stays on for short prompts and is switched off when a long prompt's prefill outweighs the gain."""
+    costs = table()  # 1 ms plain rounds; k = 4: 0.4 ms of drafts + 1.4 ms verify
+    costs.record_draft_prefill(1000, 1e-2)  # 10 us a prompt token
+
+    def rows(prompt_len):
+        return (RowView("r0", tuple(hist(0.9, 4, 10)), remaining=30, prompt_len=prompt_len, generated=10),)
+
+    for cls in (Heuristic, Ema, Confidence):
+        short = cls(4).choose(PolicyView(rows(100), 1, 0, costs))  # 100 x 10 us / 40 tokens: 25 us a token
+        assert short[0].k > 0, cls
+        long = cls(4).choose(PolicyView(rows(4000), 1, 0, costs))  # 1 ms a token: ~4 ms more per round
+        assert long[0].k == 0 and long[0].reason.startswith("off:"), (cls, long[0].reason)
