@@ -94,7 +94,7 @@ def cmd_generate(args) -> int:
                                                                       record=False)
         dec.generate(prompts[:1], k=args.k, max_new_tokens=4, record=False, policy=policy)
     if speculative:  # cost-weighing policies: the step costs, timed before the run
-        seed_costs(policy, dec.costs, target, getattr(drafter, "lm", None), args.batch,
+        seed_costs(policy, dec.costs, target, drafter, args.batch,
                    context=len(target.encode(args.prompt)) + args.max_new_tokens // 2)
     res = dec.generate(prompts, k=args.k, policy=policy, **kw)
     base = None

@@ -446,6 +446,24 @@ def test_calibration_is_a_prior_rescaled_by_online_numbers(target_lm):
     assert c.target_time(1, 1) > 1.5 * t11
 
 
+def test_draft_phases_are_timed_as_a_round_runs_them(tiny, target_lm):
+    """Calibrating with a model drafter times its whole draft phase of s = 1..K steps through ``propose`` (the
+    catch-up forward, the steps, the host work around them) at every row count, on a copy of the drafter: the
+    drafter itself keeps its cache and lengths, and a phase of three steps costs more than one of one."""
+    from speclab.engine.costs import time_draft_phases
+
+    drafter = make_drafter(tiny["draft_close"], target_lm)
+    drafter.reset(2, 64)
+    cache, dlen = drafter.cache, drafter.dlen
+    got = time_draft_phases(drafter, (1, 2), 3, 16, 2, target_lm.vocab_size)
+    assert set(got) == {(n, s) for n in (1, 2) for s in (1, 2, 3)} and all(v > 0 for v in got.values())
+    assert got[(1, 3)] > got[(1, 1)] and got[(2, 3)] > got[(2, 1)]
+    assert drafter.cache is cache and drafter.dlen is dlen
+    c = OnlineCosts()
+    c.calibrate(target_lm, drafter, rows=(1, 2), tokens=(1, 2, 3, 4), context=16, reps=1)
+    assert c.coverage(2) == (True, True, True) and c.draft_total(2, 3) > c.draft_total(2, 1)
+
+
 # ----------------------------------------------------------------------------------- exactness
 def _policies(k):
     return [make_policy(name, k) for name in POLICIES if name != "off"] + \
@@ -461,8 +479,8 @@ def test_greedy_identity_with_every_policy(tiny, target_lm, kind):
     prompts = PROMPTS[:7]
     plain = SpeculativeDecoder(target_lm, None).generate(prompts, k=0, max_new_tokens=20).output_tokens
     dec = SpeculativeDecoder(target_lm, drafter)
-    dec.costs.calibrate(target_lm, getattr(drafter, "lm", None), rows=(1, 2, 4, 8), tokens=(1, 2, 3, 4, 5),
-                        context=16, reps=1)
+    dec.costs.calibrate(target_lm, drafter if getattr(drafter, "lm", None) is not None else None, rows=(1, 2, 4, 8),
+                        tokens=(1, 2, 3, 4, 5), context=16, reps=1)  # a model draft's phases timed on a copy of it
     for pol in _policies(4):
         got = dec.generate(prompts, k=4, max_new_tokens=20, policy=pol).output_tokens
         assert got == plain, (kind, pol.name)

@@ -238,7 +238,8 @@ def run_policies(args) -> int:
     lens = sorted(len(p) for p in uniq.values())
     ctx = lens[len(lens) // 2] + M // 2
     t0 = time.perf_counter()
-    spec.costs.calibrate(target, dlm, rows=calibration_rows(*levels), tokens=tuple(range(1, K + 2)),
+    spec.costs.calibrate(target, drafter if dlm is not None else None, rows=calibration_rows(*levels),
+                         tokens=tuple(range(1, K + 2)),
                          context=ctx)  # by wall clock, as the scheduler measures online
     calib_s = time.perf_counter() - t0
     log(f"[policies] calibrated step costs in {calib_s:.1f} s (not timed)")

@@ -291,36 +291,48 @@ class OnlineCosts:
 
     # ------------------------------------------------------------------ calibration
     def set_calibrated(self, target: dict[tuple[int, int], float], draft_step: dict[int, float] | None = None,
-                       max_steps: int = 8) -> None:
-        """Calibrated values: target seconds by (rows, tokens), draft seconds per step by rows (a draft phase
-        of s steps, for s up to ``max_steps``, is calibrated as s steps)."""
+                       max_steps: int = 8, draft_phase: dict[tuple[int, int], float] | None = None) -> None:
+        """Calibrated values: target seconds by (rows, tokens); draft seconds per step by rows (a draft phase
+        of s steps, for s up to ``max_steps``, is calibrated as s steps), or ``draft_phase``: whole draft phases
+        by (rows, steps), timed as they run (:func:`time_draft_phases`)."""
         with self.lock:
             for (n, T), sec in target.items():
                 self._target.set_cal(n, T, sec)
             for n, sec in (draft_step or {}).items():
                 for steps in range(1, max(max_steps, 1) + 1):
                     self._draft.set_cal(n, steps, sec * steps)
+            for (n, steps), sec in (draft_phase or {}).items():
+                self._draft.set_cal(n, steps, sec)
             self.version += 1
 
     def calibrate(self, target, draft=None, rows=(1, 2, 4, 8, 16, 32, 64), tokens=(1, 2, 3, 4, 5, 6, 7, 8, 9),
                   context: int = 96, reps: int = 3, clock=time.perf_counter, fresh: bool = False) -> float:
-        """Time target forwards of every (rows x tokens) shape and one draft step (``draft``: an LM or
-        None) per row count, each against a cache of ``context`` positions, median of ``reps`` timed
-        runs after one warm-up, timed round-robin over the shapes. The results are a prior (see the
-        module docstring); a draft phase of s steps is calibrated as s draft steps. Cached per process
+        """Time target forwards of every (rows x tokens) shape and the draft (``draft``: a drafter, an LM or None)
+        per row count, each against a cache of ``context`` positions, median of ``reps`` timed runs after one
+        warm-up, timed round-robin over the shapes. The results are a prior (see the module docstring). A drafter
+        with a model: its whole draft phase of s = 1..K steps as a round runs it (:func:`time_draft_phases`); an
+        LM: one draft step, a phase of s steps calibrated as s steps (leaves out the catch-up forward and the
+        host work around each step: at 64 rows a one-step phase runs about twice that). Cached per process
         for the same models and grid: returns the seconds spent *now* (about 0 when cached). Call it
         before any timed work. ``clock``: what the forwards are timed with (``time.process_time`` when
         the runs they are compared with are timed by CPU time); ``fresh``: time them again even if cached."""
         key = (id(target), id(draft) if draft is not None else None, tuple(rows), tuple(tokens), context, reps,
                clock)
         t0 = time.perf_counter()
+        phases = hasattr(draft, "propose")  # a drafter: its draft phases timed as they run
         if fresh or key not in _CALIBRATIONS:
             tt = time_shapes(target, rows, tokens, context, reps, clock=clock)
-            dd = time_shapes(draft, rows, (1,), context, reps, vocab=target.vocab_size, clock=clock) \
-                if draft is not None else {}
+            if phases:
+                dd = time_draft_phases(draft, rows, max(1, max(tokens) - 1), context, reps, target.vocab_size, clock)
+            else:
+                dd = time_shapes(draft, rows, (1,), context, reps, vocab=target.vocab_size, clock=clock) \
+                    if draft is not None else {}
             _CALIBRATIONS[key] = (tt, dd, time.perf_counter() - t0)
         tt, dd, _ = _CALIBRATIONS[key]
-        self.set_calibrated(tt, {n: s for (n, _), s in dd.items()}, max(tokens) - 1)
+        if phases:
+            self.set_calibrated(tt, draft_phase=dd)
+        else:
+            self.set_calibrated(tt, {n: s for (n, _), s in dd.items()}, max(tokens) - 1)
         spent = time.perf_counter() - t0
         self.calibration_s += spent
         return spent
@@ -358,4 +370,51 @@ def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = N
             for T in tokens:
                 out[(n, T)] = statistics.median(times[T])
             del cache
+    return out
+
+
+def time_draft_phases(drafter, rows, max_steps: int, context: int, reps: int, vocab: int,
+                      clock=time.perf_counter) -> dict:
+    """Median seconds of a round's whole draft phase, as the scheduler runs it (``drafter.propose``: the catch-up
+    forward, every step, the host work around them), for n in ``rows`` and s = 1..``max_steps`` steps, greedy, at
+    ``context`` positions. Half the timed phases catch up on one token (after a rejection), half on two (after a
+    round whose drafts were all accepted: the bonus token). Runs on a shallow copy of ``drafter`` (its own cache;
+    the weights shared), so a drafter in use keeps its state. One warm-up pass, then ``reps`` passes round-robin."""
+    import copy
+
+    import torch
+
+    from ..drafters.base import DraftContext
+    from .sampling import RowParams, SamplingParams
+
+    d = copy.copy(drafter)
+    dev = getattr(getattr(drafter, "lm", None), "device", None) or torch.device("cpu")
+    out = {}
+    with torch.inference_mode():
+        for n in rows:
+            d.reset(n, context + max_steps + 4)
+            buf = torch.randint(0, vocab, (n, context + max_steps + 4), device=dev)
+            host = buf[:, :context + 2].tolist()
+
+            at = {w: DraftContext(buf, torch.full((n,), context + w - 1, dtype=torch.long, device=dev),
+                                  [context + w - 1] * n, [h[:context + w - 1] for h in host], None,
+                                  [f"calibrate-{b}" for b in range(n)])
+                  for w in (1, 2)}  # catching up on 1 or 2 tokens (the draft holds context - 1 positions)
+            d.admit(at[1], range(n), None)
+            params = RowParams([SamplingParams()] * n, dev)
+            times = {s: [] for s in range(1, max_steps + 1)}
+            for i in range(reps + 1):
+                for s in range(1, max_steps + 1):
+                    for w in (1, 2):
+                        if dev.type == "cuda":
+                            torch.cuda.synchronize(dev)
+                        t = clock()
+                        d.propose(at[w], [s] * n, params, None, want_probs=False)
+                        if dev.type == "cuda":
+                            torch.cuda.synchronize(dev)
+                        if i:
+                            times[s].append(clock() - t)
+                        d.commit(at[1])  # back to holding context - 1 positions
+            for s in times:
+                out[(n, s)] = statistics.median(times[s])
     return out

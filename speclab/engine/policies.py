@@ -911,15 +911,17 @@ POLICIES: dict[str, type] = {"fixed": Fixed, "off": Off, "batch-table": BatchTab
 ADAPTIVE = ("heuristic", "ema", "goodput", "confidence")  # decide from acceptance (and costs) as they run
 
 
-def seed_costs(policy, costs, target, draft_lm, rows: int, context: int = 96) -> float | None:
+def seed_costs(policy, costs, target, drafter, rows: int, context: int = 96) -> float | None:
     """Calibrate ``costs`` (:class:`~speclab.engine.costs.OnlineCosts`) for every shape ``policy`` chooses
     between at up to ``rows`` rows (k = 0..K), before any timed work, when it weighs step costs (the adaptive
-    policies): the seconds spent, or None for a policy that does not read them."""
+    policies): the seconds spent, or None for a policy that does not read them. A model drafter's draft phases
+    are timed as they run (:func:`~speclab.engine.costs.time_draft_phases`); other drafters' are learnt online."""
     if policy.name not in ADAPTIVE or policy.k_max == 0:
         return None
     from .costs import calibration_rows
 
-    return costs.calibrate(target, draft_lm, rows=calibration_rows(rows), tokens=tuple(range(1, policy.k_max + 2)),
+    draft = drafter if getattr(drafter, "lm", None) is not None else None
+    return costs.calibrate(target, draft, rows=calibration_rows(rows), tokens=tuple(range(1, policy.k_max + 2)),
                            context=context)
 
 

@@ -151,7 +151,7 @@ def cmd_serve(args) -> int:
             # a policy that weighs step costs gets every shape it chooses between timed now, before the server is
             # up, rather than learnt from its first requests (each engine core starts with a copy)
             costs = OnlineCosts()
-            spent = seed_costs(policy, costs, target, getattr(drafter, "lm", None), min(max_seqs, 32))
+            spent = seed_costs(policy, costs, target, drafter, min(max_seqs, 32))
             if spent is None:
                 costs = None
             else:
