@@ -26,8 +26,9 @@ it is and keep an adaptive policy from ever trying it there. So a cost table lea
 36 rows at once, and a policy never needs every shape to have been run.
 
 **Cold start.** Until something is measured, policies that weigh costs need numbers:
-:meth:`OnlineCosts.calibrate` times a grid of shapes (target forwards of rows x tokens, one draft
-step per row count) in a timing loop before any timed work. Calibrated values are a prior: a shape
+:meth:`OnlineCosts.calibrate` times a grid of shapes (target forwards of rows x tokens; a model draft's whole
+draft phase of 1..K steps per row count, run through the drafter as a round runs it) in a timing loop before any
+timed work. Calibrated values are a prior: a shape
 measured online replaces its calibrated value, and the ratio of online to calibrated predictions
 (forwards inside the decode loop run slower than in a timing loop) rescales the calibrated values of
 shapes not yet run, so that measured and calibrated shapes compare fairly. The ratio is kept per load
