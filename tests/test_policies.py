@@ -479,8 +479,8 @@ def test_greedy_identity_with_every_policy(tiny, target_lm, kind):
     prompts = PROMPTS[:7]
     plain = SpeculativeDecoder(target_lm, None).generate(prompts, k=0, max_new_tokens=20).output_tokens
     dec = SpeculativeDecoder(target_lm, drafter)
-    dec.costs.calibrate(target_lm, drafter if getattr(drafter, "lm", None) is not None else None, rows=(1, 2, 4, 8),
-                        tokens=(1, 2, 3, 4, 5), context=16, reps=1)  # a model draft's phases timed on a copy of it
+    dec.costs.calibrate(target_lm, drafter, rows=(1, 2, 4, 8), tokens=(1, 2, 3, 4, 5), context=16,
+                        reps=1)  # a model draft's phases timed on a copy of it; n-gram and synthetic: none
     for pol in _policies(4):
         got = dec.generate(prompts, k=4, max_new_tokens=20, policy=pol).output_tokens
         assert got == plain, (kind, pol.name)

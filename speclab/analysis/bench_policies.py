@@ -225,7 +225,6 @@ def run_policies(args) -> int:
     queue = {(w, B): [ids[w][i % len(ids[w])] for i in range(max(n_prompts, B) + B)] for w, B in cells}
     drafter = make_drafter(draft_name, target, load=cached_model)
     spec = SpeculativeDecoder(target, drafter)  # its step costs are the ones every adaptive policy reads
-    dlm = getattr(drafter, "lm", None)
 
     # ---- untimed: greedy references, calibration, warm-up
     uniq = {tuple(p): p for q in queue.values() for p in q}
@@ -238,8 +237,7 @@ def run_policies(args) -> int:
     lens = sorted(len(p) for p in uniq.values())
     ctx = lens[len(lens) // 2] + M // 2
     t0 = time.perf_counter()
-    spec.costs.calibrate(target, drafter if dlm is not None else None, rows=calibration_rows(*levels),
-                         tokens=tuple(range(1, K + 2)),
+    spec.costs.calibrate(target, drafter, rows=calibration_rows(*levels), tokens=tuple(range(1, K + 2)),
                          context=ctx)  # by wall clock, as the scheduler measures online
     calib_s = time.perf_counter() - t0
     log(f"[policies] calibrated step costs in {calib_s:.1f} s (not timed)")

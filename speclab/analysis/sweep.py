@@ -119,8 +119,7 @@ def calibrate_for(dec: SpeculativeDecoder, spec: SweepSpec, prompts: list[str]) 
     rows = calibration_rows(*spec.batches)
     lens = sorted(len(dec.target.encode(p)) for p in prompts[:16]) or [32]
     ctx = lens[len(lens) // 2] + spec.max_new_tokens // 2
-    draft = dec.drafter if getattr(dec.drafter, "lm", None) is not None else None  # its draft phases, as they run
-    return dec.costs.calibrate(dec.target, draft, rows=rows,
+    return dec.costs.calibrate(dec.target, dec.drafter, rows=rows,  # a model draft: its phases, as they run
                                tokens=tuple(range(1, max(spec.ks) + 2)), context=ctx)
 
 

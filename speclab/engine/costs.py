@@ -308,19 +308,21 @@ class OnlineCosts:
 
     def calibrate(self, target, draft=None, rows=(1, 2, 4, 8, 16, 32, 64), tokens=(1, 2, 3, 4, 5, 6, 7, 8, 9),
                   context: int = 96, reps: int = 3, clock=time.perf_counter, fresh: bool = False) -> float:
-        """Time target forwards of every (rows x tokens) shape and the draft (``draft``: a drafter, an LM or None)
-        per row count, each against a cache of ``context`` positions, median of ``reps`` timed runs after one
-        warm-up, timed round-robin over the shapes. The results are a prior (see the module docstring). A drafter
-        with a model: its whole draft phase of s = 1..K steps as a round runs it (:func:`time_draft_phases`); an
-        LM: one draft step, a phase of s steps calibrated as s steps (leaves out the catch-up forward and the
-        host work around each step: at 64 rows a one-step phase runs about twice that). Cached per process
-        for the same models and grid: returns the seconds spent *now* (about 0 when cached). Call it
-        before any timed work. ``clock``: what the forwards are timed with (``time.process_time`` when
+        """Time target forwards of every (rows x tokens) shape and the draft (``draft``: a drafter, an LM or None; a
+        drafter without a model, such as prompt lookup, counts as None) per row count, each against a cache of
+        ``context`` positions, median of ``reps`` timed runs after one warm-up, timed round-robin over the shapes. The
+        results are a prior (see the module docstring). A drafter with a model: its whole draft phase of s = 1..K steps
+        as a round runs it (:func:`time_draft_phases`); an LM: one draft step, a phase of s steps calibrated as s steps
+        (leaves out the catch-up forward and the host work around each step: at 64 rows a one-step phase runs about
+        twice that). Cached per process for the same models and grid: returns the seconds spent *now* (about 0 when
+        cached). Call it before any timed work. ``clock``: what the forwards are timed with (``time.process_time`` when
         the runs they are compared with are timed by CPU time); ``fresh``: time them again even if cached."""
+        phases = hasattr(draft, "propose")  # a drafter: its draft phases timed as they run
+        if phases and getattr(draft, "lm", None) is None:  # a drafter without a model: its costs are learnt online
+            draft, phases = None, False
         key = (id(target), id(draft) if draft is not None else None, tuple(rows), tuple(tokens), context, reps,
                clock)
         t0 = time.perf_counter()
-        phases = hasattr(draft, "propose")  # a drafter: its draft phases timed as they run
         if fresh or key not in _CALIBRATIONS:
             tt = time_shapes(target, rows, tokens, context, reps, clock=clock)
             if phases:
@@ -376,11 +378,11 @@ def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = N
 
 def time_draft_phases(drafter, rows, max_steps: int, context: int, reps: int, vocab: int,
                       clock=time.perf_counter) -> dict:
-    """Median seconds of a round's whole draft phase, as the scheduler runs it (``drafter.propose``: the catch-up
-    forward, every step, the host work around them), for n in ``rows`` and s = 1..``max_steps`` steps, greedy, at
-    ``context`` positions. Half the timed phases catch up on one token (after a rejection), half on two (after a
-    round whose drafts were all accepted: the bonus token). Runs on a shallow copy of ``drafter`` (its own cache;
-    the weights shared), so a drafter in use keeps its state. One warm-up pass, then ``reps`` passes round-robin."""
+    """Median seconds of a model drafter's whole draft phase, as the scheduler runs it (``drafter.propose``: the
+    catch-up forward, every step, the host work around them), for n in ``rows`` and s = 1..``max_steps`` steps, greedy,
+    at ``context`` positions. Half the timed phases catch up on one token (after a rejection), half on two (after a
+    round whose drafts were all accepted: the bonus token). Runs on a shallow copy of ``drafter`` (its own cache; the
+    weights shared), so a drafter in use keeps its state. One warm-up pass, then ``reps`` passes round-robin."""
     import copy
 
     import torch
@@ -389,7 +391,7 @@ def time_draft_phases(drafter, rows, max_steps: int, context: int, reps: int, vo
     from .sampling import RowParams, SamplingParams
 
     d = copy.copy(drafter)
-    dev = getattr(getattr(drafter, "lm", None), "device", None) or torch.device("cpu")
+    dev = drafter.lm.device
     out = {}
     with torch.inference_mode():
         for n in rows:

@@ -920,8 +920,7 @@ def seed_costs(policy, costs, target, drafter, rows: int, context: int = 96) -> 
         return None
     from .costs import calibration_rows
 
-    draft = drafter if getattr(drafter, "lm", None) is not None else None
-    return costs.calibrate(target, draft, rows=calibration_rows(rows), tokens=tuple(range(1, policy.k_max + 2)),
+    return costs.calibrate(target, drafter, rows=calibration_rows(rows), tokens=tuple(range(1, policy.k_max + 2)),
                            context=context)
 
 
