@@ -317,27 +317,25 @@ class RoundTimes:
         return self.times
 
 
-def row_tokens(survival: list[float], remaining: int, k_max: int, factor: list[float] | None = None) -> list[float]:
+def row_tokens(survival: list[float], remaining: int, k_max: int) -> list[float]:
     """Expected tokens one row emits in a round of k = 0..k_max drafts: 1 + sum of its survival up to k, with k
-    capped by its budget (a round emits at most ``remaining`` tokens, so it drafts at most remaining-1);
-    ``factor[k]`` scales the expected accepted drafts of a round drafting k (default 1).
+    capped by its budget (a round emits at most ``remaining`` tokens, so it drafts at most remaining-1).
     e.g. survival [0.5, 0.25], remaining 2, k_max 2 -> [1.0, 1.5, 1.5]."""
     cap = remaining - 1 if remaining > 1 else 0
     out, acc = [1.0], 0.0
     for k in range(1, k_max + 1):
         if k <= cap:
             acc += survival[k - 1]
-            out.append(1.0 + (acc * factor[k] if factor is not None else acc))
+            out.append(1.0 + acc)
         else:  # budget-capped: a round drafting k runs as one drafting cap
             out.append(out[-1])
     return out
 
 
-def batch_tokens(survivals: list[list[float]], remaining: list[int], k_max: int,
-                 factor: list[float] | None = None) -> list[float]:
+def batch_tokens(survivals: list[list[float]], remaining: list[int], k_max: int) -> list[float]:
     """Expected tokens the whole batch emits in a round of k = 0..k_max drafts per row (:func:`row_tokens`
     summed over the rows)."""
-    return round_tokens([row_tokens(s, rem, k_max, factor) for s, rem in zip(survivals, remaining)], k_max)
+    return round_tokens([row_tokens(s, rem, k_max) for s, rem in zip(survivals, remaining)], k_max)
 
 
 def round_tokens(per_row: list[list[float]], k_max: int) -> list[float]:
@@ -346,7 +344,7 @@ def round_tokens(per_row: list[list[float]], k_max: int) -> list[float]:
 
 
 def draft_prefill_share(rows, survivals: list[list[float]], k_max: int, per_token: float,
-                        factor: list[float] | None = None, per_row: list[list[float]] | None = None) -> list[float]:
+                        per_row: list[list[float]] | None = None) -> list[float]:
     """Seconds of draft-model prefill a round of k = 0..k_max drafts carries, amortized: speculating means taking
     every row into the draft model (its prompt, ``per_token`` seconds a token), a cost paid once per row and spread
     over the row's output, so a round emitting e tokens (:func:`row_tokens`) of a row with budget
@@ -362,7 +360,7 @@ def draft_prefill_share(rows, survivals: list[list[float]], k_max: int, per_toke
         cost = prefill_per_token(r, per_token)
         if not cost:
             continue
-        e = per_row[j] if per_row is not None else row_tokens(survivals[j], r.remaining, k_max, factor)
+        e = per_row[j] if per_row is not None else row_tokens(survivals[j], r.remaining, k_max)
         for k in range(1, k_max + 1):
             out[k] += cost * e[k]
     return out
@@ -376,54 +374,6 @@ def prefill_per_token(r, per_token: float) -> float:
     if per_token <= 0 or r.prompt_len <= 0 or budget <= 0 or budget >= 1 << 29:
         return 0.0
     return per_token * r.prompt_len / budget
-
-
-class LengthCalibration:
-    """Realized over predicted accepted drafts, by draft length: the per-position model describes the
-    rounds a policy ran, and a round of a different length starts at different places in the text
-    (after a long accepted run, or right after a miss), so its prediction for long drafts can be off.
-    The policy records what it predicted for each row's round; the next round's history says what
-    was accepted; factor[k] = (realized + w) / (predicted + w) over recent rounds of length k, every
-    length's evidence decaying by ``decay`` per round (a length not run for a while drifts back to 1,
-    so one unlucky try does not rule it out for good), and a length never run borrows the nearest run
-    one's."""
-
-    def __init__(self, k_max: int, decay: float = 0.95, weight: float = 6.0):
-        self.k_max, self.decay, self.w = k_max, decay, weight
-        self.real = [0.0] * (k_max + 1)
-        self.pred = [0.0] * (k_max + 1)
-        self.pending: dict[str, tuple[int, int, float]] = {}  # request id -> (history index, k, predicted)
-
-    def observe(self, view: PolicyView) -> None:
-        for k in range(self.k_max + 1):
-            self.real[k] *= self.decay
-            self.pred[k] *= self.decay
-        for r in view.rows:
-            p = self.pending.get(r.request_id)
-            if p is None or len(r.history) <= p[0]:
-                continue
-            i, k, pred = p
-            d, a = r.history[i]
-            if d == k > 0:  # the round drafted what was predicted for (a drafter may propose fewer)
-                self.real[k] += a
-                self.pred[k] += pred
-        self.pending.clear()
-
-    def expect(self, view: PolicyView, k: int, survivals: list[list[float]]) -> None:
-        """This round runs k: remember each row's predicted accepted drafts."""
-        for r, s in zip(view.rows, survivals):
-            ke = min(k, max(0, r.remaining - 1))
-            if ke > 0:
-                self.pending[r.request_id] = (len(r.history), ke, sum(s[:ke]))
-
-    def factors(self) -> list[float]:
-        tried = [k for k in range(1, self.k_max + 1) if self.pred[k] > 1e-3]
-        out = [1.0] * (self.k_max + 1)
-        for k in range(1, self.k_max + 1):
-            if tried:
-                j = min(tried, key=lambda t: (abs(t - k), t))
-                out[k] = (self.real[j] + self.w) / (self.pred[j] + self.w)
-        return out
 
 
 def probe_cost(rows, t0: float, t1: float, per_token: float) -> float:
@@ -747,9 +697,7 @@ class Goodput:
     measure them (calibrating with :meth:`OnlineCosts.calibrate` beforehand avoids even that).
     Exploration: after ``probe_every`` rounds at k = 0 it drafts k = 1 once when its :class:`ProbeBudget`
     (``probe_budget`` of the time spent at k = 0) allows and the probe is :func:`worth_probing` (so it notices
-    acceptance coming back; never at a load where only an implausible acceptance would pay). A
-    :class:`LengthCalibration` corrects the model's expected accepted drafts per length from what rounds of that
-    length really accepted."""
+    acceptance coming back; never at a load where only an implausible acceptance would pay)."""
 
     k_max: int = 4
     probe_every: int = 8
@@ -759,33 +707,25 @@ class Goodput:
     def __post_init__(self):
         check_k(self.k_max)
         self.tracker = AcceptanceTracker(self.k_max)
-        self.lengths = LengthCalibration(self.k_max)
         self.times = RoundTimes(self.k_max)
         self.probes = ProbeBudget(self.probe_every, self.probe_budget)
         self._raw: list[float | None] = []  # the last scores' round times without the draft-prefill share
         self._per_token = 0.0
         self.covered: set = set()
-        self._surv: list[list[float]] = []
 
     def scores(self, view: PolicyView) -> tuple[list[float], list[float | None]]:
         """Expected batch tokens and predicted round time for every k (pure given the tracker); a round that
         drafts also carries its share of the draft model's prefill (:func:`draft_prefill_share`)."""
         pop = self.tracker.population()
-        self._surv = surv = [self.tracker.survival(r.request_id, pop) for r in view.rows]
-        factors = self.lengths.factors()
-        per_row = [row_tokens(sv, r.remaining, self.k_max, factors) for sv, r in zip(surv, view.rows)]
+        surv = [self.tracker.survival(r.request_id, pop) for r in view.rows]
+        per_row = [row_tokens(sv, r.remaining, self.k_max) for sv, r in zip(surv, view.rows)]
         tokens = round_tokens(per_row, self.k_max)
         self._raw = times = self.times.get(view.costs, len(view.rows))
         self._per_token = per_token = view.costs.draft_prefill_time(1) if view.costs is not None else 0.0
         if per_token:
-            extra = draft_prefill_share(view.rows, surv, self.k_max, per_token, factors, per_row)
+            extra = draft_prefill_share(view.rows, surv, self.k_max, per_token, per_row)
             times = [t + e if t is not None else None for t, e in zip(times, extra)]
         return tokens, times
-
-    def _run(self, view: PolicyView, k: int, why: str) -> list[Choice]:
-        if k > 0 and self._surv:
-            self.lengths.expect(view, k, self._surv)
-        return [Choice(k, why)] * len(view.rows)
 
     def choose(self, view: PolicyView) -> list[Choice]:
         n, K = len(view.rows), self.k_max
@@ -794,8 +734,6 @@ class Goodput:
         if K == 0:
             return [Choice(0, "goodput: K = 0")] * n
         self.tracker.update(view)
-        self.lengths.observe(view)
-        self._surv = []
         need = _costs_ready(view.costs, n, self.covered)
         if need == "none":
             return [Choice(K, "goodput: no cost model, k=K")] * n
@@ -816,13 +754,13 @@ class Goodput:
             waited = self.probes.off_round(view.rows, self._raw[0], self._raw[1], self._per_token,
                                            self.tracker.population()[0], self.tracker.default, times[1])
             if waited:
-                return self._run(view, 1, f"goodput: probe k=1 after {waited} rounds at k=0")
+                return [Choice(1, f"goodput: probe k=1 after {waited} rounds at k=0")] * n
         else:
             self.probes.reset()
         gain = rate[best] / rate[0] if rate[0] else float("inf")
         why = (f"goodput: k={best} {tokens[best] / n:.2f} tok/row in {times[best] * 1e3:.2f} ms, "
                f"{gain:.2f}x k=0 ({n} rows)")
-        return self._run(view, best, why)
+        return [Choice(best, why)] * n
 
     def draft_stop(self):
         return None
