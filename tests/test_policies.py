@@ -153,6 +153,37 @@ def test_tracker_per_position_and_prior():
     assert set(tr.rows) == {"r9"}
 
 
+def test_tracker_replay_log_loss_by_hand():
+    from speclab.analysis.tracker_fit import replay_log_loss
+
+    # one request, one round drafting 1, accepted: one prediction (the default 0.8), a success
+    loss, brier, n = replay_log_loss([[(1, 1)]], 4, default=0.8)
+    assert n == 1 and loss == pytest.approx(-math.log(0.8)) and brier == pytest.approx(0.04)
+    # a round (4, 1) reaches positions 0 and 1: two predictions, a success then a failure
+    assert replay_log_loss([[(4, 1)]], 4)[2] == 2
+    assert replay_log_loss([[(0, 0), (0, 0)]], 4)[2] == 0  # rounds that drafted nothing predict nothing
+
+
+def test_tracker_fit_prefers_forgetting_only_where_acceptance_moves():
+    """Statistical: rows whose acceptance never changes are predicted better by a tracker that never forgets;
+    rows whose acceptance flips halfway, by one that forgets fast. A fit that ignored the histories would rank
+    the two settings the same way on both."""
+    import random
+
+    from speclab.analysis.tracker_fit import replay_log_loss
+
+    rng = random.Random(0)
+
+    def rows(rates):  # k = 1 rounds, a list of per-row acceptance rates over time
+        return [[(1, int(rng.random() < p)) for p in r] for r in rates]
+
+    steady = rows([[rng.choice((0.2, 0.9))] * 80 for _ in range(24)])
+    flips = rows([[a] * 40 + [b] * 40 for a, b in [(0.95, 0.1), (0.1, 0.95)] * 12])
+    keep, forget = dict(decay=1.0, prior_weight=4.0), dict(decay=0.8, prior_weight=4.0)
+    assert replay_log_loss(steady, 1, **keep)[0] < replay_log_loss(steady, 1, **forget)[0]
+    assert replay_log_loss(flips, 1, **forget)[0] < replay_log_loss(flips, 1, **keep)[0]
+
+
 def test_monotone_round_times():
     from speclab.engine.policies import monotone
 
@@ -732,6 +763,24 @@ def test_bench_policies_smoke(tmp_path, capsys):
     assert {"goodput_vs_best_fixed", "mixed_goodput_vs_best_single_k", "adaptive_vs_plain_floor",
             "all_identical"} <= set(rep["targets"])
     assert "target goodput_vs_best_fixed" in capsys.readouterr().out
+
+
+def test_bench_tracker_fit_smoke(tmp_path, capsys):
+    from speclab.family import list_models
+
+    if not {"target", "draft-xs-distill"} <= {m["name"] for m in list_models()}:
+        pytest.skip("family not trained")
+    from speclab.cli import main
+
+    out = tmp_path / "fit.json"
+    rc = main(["bench", "--tracker-fit", "--workload", "json", "--ks", "1,2", "--prompts-per-workload", "4",
+               "--max-new-tokens", "12", "--threads", "1", "--json", str(out)])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert set(rep["relative_log_loss"]) == {"json:1", "json:2"} and rep["best"] in rep["mean"]
+    defaults = f"{rep['defaults']['decay']}/{rep['defaults']['prior_weight']}"
+    assert all(r[defaults] == pytest.approx(1.0) for r in rep["relative_log_loss"].values())
+    assert len(rep["histories"]["json:1"]) == 4 and "best: decay/weight" in capsys.readouterr().out
 
 
 def test_survival_is_the_product_of_the_conditionals():

@@ -1,6 +1,7 @@
 """``speclab bench``: the acceptance report (default), ``--compare`` (speclab vs Hugging Face),
 ``--policies`` and ``--synthetic`` (draft-length policies; the synthetic landscape vs the cost model),
-``--layouts`` (matmul weight layouts on the CPU)."""
+``--layouts`` (matmul weight layouts on the CPU), ``--tracker-fit`` (the acceptance tracker's settings by
+log-loss)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ def cmd_bench(args) -> int:
         from .bench_policies import run_from_args as run_policies
 
         return run_policies(args)
+    if getattr(args, "tracker_fit", False):
+        from .tracker_fit import run_tracker_fit
+
+        return run_tracker_fit(args)
     if getattr(args, "layouts", False):
         from .bench_layouts import run_layouts_bench
 
@@ -94,4 +99,7 @@ def add_commands(subparsers) -> None:
                    "rows, and generate with the engine's choice against W^T everywhere (--batches, default 1,4; --ks, "
                    "default 0,2,4; --reps, default 15 forwards and 6 generations per cell)")
     add_policy_arguments(b)
+    b.add_argument("--tracker-fit", action="store_true",
+                   help="the acceptance tracker's settings scored by log-loss on fixed-k histories (no timing; "
+                        "--workload, default json,code,tech_prose; --ks, default 1,2,4; --max-new-tokens)")
     b.set_defaults(func=cmd_bench)

@@ -164,9 +164,14 @@ class AcceptanceTracker:
     estimate at i-1 (acceptance is close to i.i.d. along a draft), or at i = 0 the population's; the
     population's own prior at position 0 is ``default``. ``survival(row)`` = cumulative products:
     P(at least i+1 drafts accepted).
+
+    The defaults (decay 0.95, prior weight 4) come from ``speclab bench --tracker-fit``: replaying fixed-k
+    histories of JSON, code and prose through the tracker, they predict acceptance with 1.6% less log-loss
+    than the earlier 0.9 / 2, which followed a row so closely that one miss halved its estimate (a
+    setting that forgets more slowly still, 0.98 / 8, is 0.4% better again, within the grid's flat bottom).
     """
 
-    def __init__(self, k_max: int, decay: float = 0.9, prior_weight: float = 2.0, default: float = 0.8,
+    def __init__(self, k_max: int, decay: float = 0.95, prior_weight: float = 4.0, default: float = 0.8,
                  population_decay: float = 0.95):
         self.k_max = k_max
         self.decay, self.w, self.default, self.pop_decay = decay, prior_weight, default, population_decay
