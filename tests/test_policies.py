@@ -244,6 +244,31 @@ def test_goodput_switches_off_under_load():
     assert {c.k for c in ch} == {0} and "64 rows" in ch[0].reason
 
 
+def test_catch_up_after_rounds_at_k0_is_charged():
+    """A draft model that holds a row misses one token per round at k = 0 and catches up on all of them (one block
+    as wide as the most lagging row) before it drafts again: goodput and the cost gate charge that to the round
+    that switches drafting back on. By hand, then on a table where drafting pays in steady rounds."""
+    from speclab.engine.policies import catch_up_time
+
+    tr = AcceptanceTracker(4)
+    tr.update(view([[(4, 2), (0, 0), (0, 0)], [(0, 0)] * 5, [(0, 0)] * 9], ids=["a", "b", "c"]))
+    assert [tr.idle_rounds(x) for x in "abc"] == [2, 5, 9] and tr.idle_rounds("new") == 0
+    rows = (RowView("a", (), taken_in=True), RowView("b", (), taken_in=True), RowView("c", (), taken_in=False))
+    assert catch_up_time(rows, tr, 1e-4) == pytest.approx(1e-4 * 2 * 5)  # 2 rows held, the longest 5 behind
+    assert catch_up_time(rows, tr, 0.0) == 0.0  # a drafter without a model: nothing to catch up
+    tr.update(view([[(4, 2), (0, 0), (0, 0), (1, 1)]], ids=["a"]))
+    assert tr.idle_rounds("a") == 0
+
+    costs = table(rows=(16,), step_ms=1.0, verify_ms_per_token=0.1, draft_ms=0.1)
+    costs.record_draft_prefill(1000, 1e-2)  # 10 us a token: 16 rows x 20 tokens behind = 3.2 ms
+    steady, behind = hist(0.8, 4, 30), hist(0.8, 4, 30) + [(0, 0)] * 20
+    assert Goodput(4).choose(view([steady] * 16, costs))[0].k > 0
+    assert Goodput(4).choose(view([behind] * 16, costs))[0].k == 0
+    gate = Heuristic(4)
+    gate.choose(view([steady] * 16, costs, ids=[f"s{i}" for i in range(16)]))
+    assert gate.choose(view([behind] * 16, costs))[0].k == 0
+
+
 def test_goodput_per_position_not_iid():
     """Acceptance that collapses after position 2 (e.g. a fixed-length field): goodput stops at 2, where an
     i.i.d. estimate with the same overall rate would draft further."""
@@ -414,6 +439,10 @@ def test_online_costs_predict_clip_and_scale():
     assert c.draft_total(4, 1) == pytest.approx(0.5e-3)  # fewer steps: proportional
     c.record_overhead(3, 0.2e-3)  # by load level: 3 rows -> bucket 4
     assert c.overhead_time(4) == pytest.approx(0.2e-3)
+    assert c.round_time(4, 2) == pytest.approx(1e-3 + c.target_time(4, 3) + 0.2e-3)
+    assert c.overhead_time(4, drafted=False) == pytest.approx(0.2e-3)  # no plain round yet: the drafting rounds'
+    c.record_overhead(4, 0.05e-3, drafted=False)  # a plain round has less to accept and nothing to roll back
+    assert c.round_time(4, 0) == pytest.approx(c.target_time(4, 1) + 0.05e-3)
     assert c.round_time(4, 2) == pytest.approx(1e-3 + c.target_time(4, 3) + 0.2e-3)
     assert c.coverage(4) == (True, True, True) and c.coverage(64) == (False, False, False)
     snap = c.snapshot()

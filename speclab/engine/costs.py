@@ -163,7 +163,8 @@ class OnlineCosts:
         self._scales: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
         self._target = _Grid(self._scale_of("target"))  # (n, T) -> s
         self._draft = _Grid(self._scale_of("draft"), below_proportional=True)  # (n, steps) -> s for a draft phase
-        self._over = _Grid()  # (n, 1) -> s of per-round work outside the forwards
+        self._over = _Grid()  # (load level, 1) -> s of per-round work outside the forwards, drafting rounds
+        self._over_plain = _Grid()  # the same for rounds without drafts (less to accept, nothing to roll back)
         self._recent: dict[tuple, deque] = {}  # (table, n, T) -> the last `window` samples
         self._ratios: dict[tuple[str, int], deque] = {}  # (table, load level) -> recent online / calibrated ratios
         self._prefill: deque = deque(maxlen=window)  # draft prefill: recent seconds per token
@@ -223,10 +224,14 @@ class OnlineCosts:
             with self.lock:
                 self._record("draft", self._draft, n, steps, seconds)
 
-    def record_overhead(self, n: int, seconds: float) -> None:
-        """Per-round work around the forwards (acceptance, bookkeeping, events) for ``n`` rows."""
+    def record_overhead(self, n: int, seconds: float, drafted: bool = True) -> None:
+        """Per-round work around the forwards (acceptance, bookkeeping, events) for ``n`` rows; ``drafted``: a
+        drafting round (acceptance, rollback and the drafter's commit over k+1 tokens a row), or a plain one."""
         with self.lock:  # by load level: a few samples per level, not one per row count
-            self._record("overhead", self._over, row_bucket(n), 1, seconds)
+            if drafted:
+                self._record("overhead", self._over, row_bucket(n), 1, seconds)
+            else:
+                self._record("overhead_plain", self._over_plain, row_bucket(n), 1, seconds)
 
     def record_draft_prefill(self, tokens: int, seconds: float) -> None:
         """The draft model took in rows of ``tokens`` tokens in all (their prompts and what they generated)."""
@@ -257,9 +262,14 @@ class OnlineCosts:
         with self.lock:
             return statistics.median(self._prefill) * tokens if self._prefill else 0.0
 
-    def overhead_time(self, n: int) -> float:
+    def overhead_time(self, n: int, drafted: bool = True) -> float:
+        """Seconds of per-round work outside the forwards at ``n`` rows, for a drafting round or a plain one (the
+        other kind's when only that was measured; 0 when neither was)."""
         with self.lock:
-            v = self._over.predict(n, 1)
+            first, other = (self._over, self._over_plain) if drafted else (self._over_plain, self._over)
+            v = first.predict(n, 1)
+            if v is None:
+                v = other.predict(n, 1)
         return v or 0.0
 
     def round_time(self, n: int, k: int) -> float | None:
@@ -269,7 +279,7 @@ class OnlineCosts:
         d = self.draft_total(n, k) if k > 0 else 0.0
         if t is None or d is None:
             return None
-        return d + t + self.overhead_time(n)
+        return d + t + self.overhead_time(n, k > 0)
 
     def coverage(self, n: int) -> tuple[bool, bool, bool]:
         """(plain step, some verify width, draft) measured or calibrated at a row count within 2x of n:
@@ -283,6 +293,7 @@ class OnlineCosts:
             return {"target": {f"{n}x{t}": s for (n, t), s in sorted(self._target.val.items())},
                     "draft": {f"{n}x{t}": s for (n, t), s in sorted(self._draft.val.items())},
                     "overhead": {str(n): s for (n, _), s in sorted(self._over.val.items())},
+                    "overhead_plain": {str(n): s for (n, _), s in sorted(self._over_plain.val.items())},
                     "draft_prefill_per_token": statistics.median(self._prefill) if self._prefill else None,
                     "calibrated_target": {f"{n}x{t}": s for (n, t), s in sorted(self._target.cal.items())},
                     "calibrated_draft": {f"{n}x{t}": s for (n, t), s in sorted(self._draft.cal.items())},

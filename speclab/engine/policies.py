@@ -189,13 +189,15 @@ class AcceptanceTracker:
             st = self.rows.get(r.request_id)
             h = r.history
             if st is None or st[0] > len(h):  # new (or an id reused by a new request)
-                st = self.rows[r.request_id] = [0, [0.0] * K, [0.0] * K]
-            seen, N, A = st
+                st = self.rows[r.request_id] = [0, [0.0] * K, [0.0] * K, 0]
+            seen, N, A, idle = st
             z = 0  # rounds since the last one that drafted: their decay is applied at once
             for d, a in h[seen:]:
                 z += 1
                 if d == 0:
+                    idle += 1
                     continue
+                idle = 0
                 f = dec ** z
                 z = 0
                 for i in range(K):
@@ -212,7 +214,7 @@ class AcceptanceTracker:
                 for i in range(K):
                     N[i] *= f
                     A[i] *= f
-            st[0] = len(h)
+            st[0], st[3] = len(h), idle
         if new_n[0]:  # the population's evidence ages as new evidence comes in, not while nobody drafts
             for i in range(K):
                 self.pop_n[i] = self.pop_n[i] * self.pop_decay + new_n[i]
@@ -220,6 +222,12 @@ class AcceptanceTracker:
         if len(self.rows) > len(live):
             for rid in [x for x in self.rows if x not in live]:
                 del self.rows[rid]
+
+    def idle_rounds(self, request_id: str) -> int:
+        """Rounds since the row last drafted (all its rounds if it never did): how many tokens a draft model that
+        holds the row has to catch up on (one a plain round) before it drafts again."""
+        st = self.rows.get(request_id)
+        return st[3] if st is not None else 0
 
     def population(self) -> list[float]:
         """Conditional acceptance per position over every row seen (each position's prior: the one before)."""
@@ -381,6 +389,22 @@ def prefill_per_token(r, per_token: float) -> float:
     return per_token * r.prompt_len / budget
 
 
+def catch_up_time(rows, tracker: AcceptanceTracker, per_token: float) -> float:
+    """Seconds a draft model spends catching up before it drafts again, over a steady drafting round: each row it
+    holds missed one token per round at k = 0, and its catch-up forward is one block as wide as the most lagging
+    row (``per_token`` seconds a token, as its prefill). A switching cost, paid by the round that drafts after
+    rounds at k = 0 and charged to it in full: a policy that flips on for a round or two pays it every time.
+    e.g. 16 rows held, the longest 10 rounds at k = 0, 2e-5 s a token: 16 x 10 x 2e-5 = 3.2 ms."""
+    if per_token <= 0:
+        return 0.0
+    held = lag = 0
+    for r in rows:
+        if r.taken_in:
+            held += 1
+            lag = max(lag, tracker.idle_rounds(r.request_id))
+    return per_token * held * lag
+
+
 def probe_cost(rows, t0: float, t1: float, per_token: float) -> float:
     """Seconds a probe round at k = 1 costs over a plain round: the longer round, plus the draft model's prefill
     of every row it has not taken in yet (each row's prompt and what it generated; ``per_token`` seconds a token).
@@ -478,6 +502,8 @@ class CostGate:
         if w < 1.0:  # a draft stopped before its first token still ran the draft forward that decided to stop
             tk += (1.0 - w) * (view.costs.draft_total(n, 1) or 0.0)
         per_token = view.costs.draft_prefill_time(1)
+        catch = catch_up_time(view.rows, self.tracker, per_token)
+        tk += catch
         pop = self.tracker.population()
         e_spec = share = 0.0
         for r, k in zip(view.rows, ks):
@@ -489,7 +515,8 @@ class CostGate:
         if gain >= 1.0:
             self.probes.reset()
             return choices
-        if self.probes.off_round(view.rows, t0, times[1], per_token, pop[0], self.tracker.default):
+        if self.probes.off_round(view.rows, t0, times[1] + catch if times[1] is not None else None, per_token, pop[0],
+                                 self.tracker.default, times[1]):
             return [Choice(min(c.k, 1), f"probe k=1 after {self.probes.every}+ rounds off ({rule})")
                     for c in choices]
         why = f"off: {rule} k={kmax} predicted {gain:.2f}x plain ({n} rows)"
@@ -716,6 +743,7 @@ class Goodput:
         self.probes = ProbeBudget(self.probe_every, self.probe_budget)
         self._raw: list[float | None] = []  # the last scores' round times without the draft-prefill share
         self._per_token = 0.0
+        self._catch = 0.0  # the last scores' catch-up charge (catch_up_time)
         self.covered: set = set()
 
     def scores(self, view: PolicyView) -> tuple[list[float], list[float | None]]:
@@ -727,9 +755,11 @@ class Goodput:
         tokens = round_tokens(per_row, self.k_max)
         self._raw = times = self.times.get(view.costs, len(view.rows))
         self._per_token = per_token = view.costs.draft_prefill_time(1) if view.costs is not None else 0.0
+        self._catch = catch = catch_up_time(view.rows, self.tracker, per_token)
         if per_token:
             extra = draft_prefill_share(view.rows, surv, self.k_max, per_token, per_row)
-            times = [t + e if t is not None else None for t, e in zip(times, extra)]
+            times = [t + e + (catch if k else 0.0) if t is not None else None
+                     for k, (t, e) in enumerate(zip(times, extra))]
         return tokens, times
 
     def choose(self, view: PolicyView) -> list[Choice]:
@@ -756,8 +786,11 @@ class Goodput:
                 best = k
         if best == 0:
             # round times without the prefill share: a probe pays the real one (weighed with the share)
-            waited = self.probes.off_round(view.rows, self._raw[0], self._raw[1], self._per_token,
-                                           self.tracker.population()[0], self.tracker.default, times[1])
+            # (a probe's cost includes the catch-up; whether one is worth it, the steady round's)
+            t1 = self._raw[1] + self._catch if self._raw[1] is not None else None
+            waited = self.probes.off_round(view.rows, self._raw[0], t1, self._per_token,
+                                           self.tracker.population()[0], self.tracker.default,
+                                           times[1] - self._catch if times[1] is not None else None)
             if waited:
                 return [Choice(1, f"goodput: probe k=1 after {waited} rounds at k=0")] * n
         else:

@@ -608,7 +608,7 @@ class Scheduler:
         self._drafted_last = prop is not None
         self.t_last = time.perf_counter()
         if self.record_costs:  # the round's work outside the forwards (policies weigh it against the forwards)
-            self.costs.record_overhead(n, self.t_last - t2 + tc - t0)
+            self.costs.record_overhead(n, self.t_last - t2 + tc - t0, prop is not None)
         return done
 
     # ------------------------------------------------------------------ running until done
