@@ -603,15 +603,17 @@ def test_rounds_without_drafts_between_drafting_rounds(tiny, target_lm):
 def test_draft_costs_are_sampled_in_steady_rounds_only(tiny, target_lm):
     """The cost model's draft-phase samples come from rounds right after a drafting round: the first drafting round
     after rounds without drafts runs cold weights and catches up on every skipped token (a switching cost paid once),
-    and would make drafting look dearer than it is to a policy deciding whether to keep drafting."""
+    and would make drafting look dearer than it is to a policy deciding whether to keep drafting. Its plain-step
+    samples, symmetrically, come from rounds right after a round without drafts."""
     from speclab.engine import Scheduler
     from speclab.engine.request import Request
     from speclab.engine.sampling import SamplingParams
 
     sched = Scheduler(target_lm, make_drafter(tiny["draft_close"], target_lm), _Zigzag(), max_running=3, max_len=96)
-    sampled = []
-    real = sched.costs.record_draft
+    sampled, plain = [], []
+    real, real_t = sched.costs.record_draft, sched.costs.record_target
     sched.costs.record_draft = lambda n, steps, sec: (sampled.append(sched.round), real(n, steps, sec))
+    sched.costs.record_target = lambda n, T, sec: ((plain.append(sched.round) if T == 1 else None), real_t(n, T, sec))
     reqs = [sched.submit(Request(target_lm.encode(p), 24, SamplingParams(), ignore_eos=True, request_id=str(i)))
             for i, p in enumerate(PROMPTS[:3])]
     sched.run_until_idle()
@@ -619,6 +621,9 @@ def test_draft_costs_are_sampled_in_steady_rounds_only(tiny, target_lm):
     drafted = [any(i < len(r.history) and r.history[i][0] for r in reqs) for i in range(rounds)]  # round i + 1
     steady = [i + 1 for i in range(1, rounds) if drafted[i] and drafted[i - 1]]
     assert sampled == steady and 0 < len(steady) < sum(drafted)
+    # plain steps likewise: only rounds after a round without drafts (the first round has none before it)
+    steady_plain = [i + 1 for i in range(rounds) if not drafted[i] and (i == 0 or not drafted[i - 1])]
+    assert plain == steady_plain and 0 < len(steady_plain) < rounds - sum(drafted)
 
 
 def test_events_carry_k_and_reason(tiny, target_lm):

@@ -527,7 +527,10 @@ class Scheduler:
         if timed:
             sync(dev)
         t2 = time.perf_counter()
-        if self.record_costs:
+        # a plain step right after a drafting round runs the target's weights cold (the draft's forwards and the
+        # verify block displaced them): a switching cost too; a plain step's sample comes from steady plain rounds
+        steady = prop is not None or not self._drafted_last
+        if self.record_costs and steady:
             self.costs.record_target(n, kk + 1, t2 - t1)
 
         # ---- accept, write, roll back
@@ -607,7 +610,7 @@ class Scheduler:
         self._leave(finished)
         self._drafted_last = prop is not None
         self.t_last = time.perf_counter()
-        if self.record_costs:  # the round's work outside the forwards (policies weigh it against the forwards)
+        if self.record_costs and steady:  # the round's work outside the forwards (weighed against the forwards)
             self.costs.record_overhead(n, self.t_last - t2 + tc - t0, prop is not None)
         return done
 
