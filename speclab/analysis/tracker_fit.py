@@ -18,9 +18,10 @@ from ..engine.policies import AcceptanceTracker, PolicyView, RowView
 
 GRID_DECAY = (0.8, 0.9, 0.95, 0.98)
 GRID_WEIGHT = (1.0, 2.0, 4.0, 8.0, 16.0)
+CONCURRENCY = 4  # requests side by side, when recording and when replaying
 
 
-def replay_log_loss(histories: list[list[tuple[int, int]]], k_max: int, concurrency: int = 4,
+def replay_log_loss(histories: list[list[tuple[int, int]]], k_max: int, concurrency: int = CONCURRENCY,
                     **params) -> tuple[float, float, int]:
     """Mean log-loss and Brier score of a tracker's predictions over ``histories`` (one list of (drafted,
     accepted) rounds per request), and how many predictions were scored. Requests run ``concurrency`` at a
@@ -52,7 +53,7 @@ def replay_log_loss(histories: list[list[tuple[int, int]]], k_max: int, concurre
     return (loss / n, brier / n, n) if n else (float("nan"), float("nan"), 0)
 
 
-def fit_table(histories: dict[str, list], k_max: int, concurrency: int = 4, decays=GRID_DECAY,
+def fit_table(histories: dict[str, list], k_max: int, concurrency: int = CONCURRENCY, decays=GRID_DECAY,
               weights=GRID_WEIGHT) -> dict:
     """Log-loss of every (decay, prior_weight) on every key of ``histories`` ('workload:k' -> requests'
     histories), relative to the tracker's defaults; the setting with the lowest mean relative loss."""
@@ -98,12 +99,13 @@ def run_tracker_fit(args) -> int:
     drafter = (args.drafter or [None])[0] or default_draft()
     workloads = [w for w in (args.workload or "json,code,tech_prose").split(",") if w]
     ks = [int(x) for x in (args.ks or "1,2,4").split(",")]
-    hist = record_histories(target, drafter, workloads, ks, 4, args.max_new_tokens, args.prompts_per_workload)
+    hist = record_histories(target, drafter, workloads, ks, CONCURRENCY, args.max_new_tokens,
+                            args.prompts_per_workload)
     k_max = max(ks)
     table = fit_table(hist, k_max)
     settings = list(table["mean"])
     print(f"tracker fit: draft {drafter}, workloads {','.join(workloads)}, fixed k {ks}, {args.max_new_tokens} new "
-          f"tokens, concurrency 4; log-loss relative to the defaults (decay {table['defaults']['decay']}, "
+          f"tokens, concurrency {CONCURRENCY}; log-loss relative to the defaults (decay {table['defaults']['decay']}, "
           f"prior_weight {table['defaults']['prior_weight']}); lower is better")
     print("decay/weight".ljust(16) + "".join(s.rjust(10) for s in settings))
     for key, r in table["relative_log_loss"].items():

@@ -405,12 +405,13 @@ def catch_up_time(rows, tracker: AcceptanceTracker, per_token: float) -> float:
     return per_token * held * lag
 
 
-def probe_cost(rows, t0: float, t1: float, per_token: float) -> float:
+def probe_cost(rows, t0: float, t1: float, per_token: float, catch_up: float = 0.0) -> float:
     """Seconds a probe round at k = 1 costs over a plain round: the longer round, plus the draft model's prefill
-    of every row it has not taken in yet (each row's prompt and what it generated; ``per_token`` seconds a token).
+    of every row it has not taken in yet (each row's prompt and what it generated; ``per_token`` seconds a token),
+    plus its catch-up on the rows it holds (``catch_up``: :func:`catch_up_time`).
     e.g. rounds of 10 and 14 ms, one row of 100 + 20 tokens not taken in, 1e-4 s a token: 4 + 12 = 16 ms."""
     pending = sum(r.prompt_len + r.generated for r in rows if not r.taken_in)
-    return max(0.0, t1 - t0) + per_token * pending
+    return max(0.0, t1 - t0) + per_token * pending + catch_up
 
 
 def worth_probing(t0: float, t1: float | None, pop_first: float, default: float, margin: float = 0.25) -> bool:
@@ -440,15 +441,16 @@ class ProbeBudget:
         self.idle, self.idle_s = 0, 0.0
 
     def off_round(self, rows, t0: float, t1: float | None, per_token: float, pop_first: float, default: float,
-                  t1_weighed: float | None = None) -> int:
+                  t1_weighed: float | None = None, catch_up: float = 0.0) -> int:
         """Count one round at k = 0 (``t0`` its predicted seconds, ``t1`` a k = 1 round's, both without any prefill
-        share; ``t1_weighed``: the k = 1 round as the policy weighs it, default ``t1``). A probe is due now: the
-        rounds waited for it (the count restarts); not due: 0."""
+        share; ``t1_weighed``: the k = 1 round as the policy weighs it, default ``t1``; ``catch_up``: the draft's
+        catch-up a probe would pay, :func:`catch_up_time`). A probe is due now: the rounds waited for it (the count
+        restarts); not due: 0."""
         self.idle += 1
         self.idle_s += t0
         if not self.every or self.idle < self.every or t1 is None:
             return 0
-        if probe_cost(rows, t0, t1, per_token) > self.budget * self.idle_s:
+        if probe_cost(rows, t0, t1, per_token, catch_up) > self.budget * self.idle_s:
             return 0
         if not worth_probing(t0, t1 if t1_weighed is None else t1_weighed, pop_first, default):
             return 0
@@ -515,8 +517,7 @@ class CostGate:
         if gain >= 1.0:
             self.probes.reset()
             return choices
-        if self.probes.off_round(view.rows, t0, times[1] + catch if times[1] is not None else None, per_token, pop[0],
-                                 self.tracker.default, times[1]):
+        if self.probes.off_round(view.rows, t0, times[1], per_token, pop[0], self.tracker.default, catch_up=catch):
             return [Choice(min(c.k, 1), f"probe k=1 after {self.probes.every}+ rounds off ({rule})")
                     for c in choices]
         why = f"off: {rule} k={kmax} predicted {gain:.2f}x plain ({n} rows)"
@@ -786,11 +787,11 @@ class Goodput:
                 best = k
         if best == 0:
             # round times without the prefill share: a probe pays the real one (weighed with the share)
-            # (a probe's cost includes the catch-up; whether one is worth it, the steady round's)
-            t1 = self._raw[1] + self._catch if self._raw[1] is not None else None
-            waited = self.probes.off_round(view.rows, self._raw[0], t1, self._per_token,
+            # (a probe pays the catch-up; whether one is worth it is the steady round's question)
+            waited = self.probes.off_round(view.rows, self._raw[0], self._raw[1], self._per_token,
                                            self.tracker.population()[0], self.tracker.default,
-                                           times[1] - self._catch if times[1] is not None else None)
+                                           times[1] - self._catch if times[1] is not None else None,
+                                           catch_up=self._catch)
             if waited:
                 return [Choice(1, f"goodput: probe k=1 after {waited} rounds at k=0")] * n
         else:
