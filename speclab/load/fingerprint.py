@@ -89,7 +89,7 @@ MIN_PACE_BURSTS = 8  # one-token and multi-token bursts each, for the pace ratio
 PAIR_SPAN = 20  # the slope compares each burst with the next 20 of its request
 ESTIMATE_CHUNKS = 1.05
 STALL_AFTER = 0.002  # seconds after a client stall during which chunk timestamps are not trusted (at least)
-MIN_STALL = 0.5  # client stalls shorter than this x the request's mean token gap cannot fake a near-zero gap
+MIN_STALL = 0.5  # client stalls shorter than this x the request's gap between bursts cannot fake a near-zero gap
 REL_BINS = ((0.0, 0.2, "<0.2"), (0.2, 0.5, "0.2-0.5"), (0.5, 1.5, "0.5-1.5"), (1.5, 3.0, "1.5-3"),
             (3.0, math.inf, ">=3"))  # gap / the request's mean per-token gap
 
@@ -355,7 +355,12 @@ def _fingerprint(records: list[dict], stalls: list[tuple[float, float]], below: 
         times = r["chunk_times"]
         n = r.get("output_tokens") or sum(r.get("chunk_tokens") or []) or len(times)
         tpot = (times[-1] - times[0]) / (n - 1) if n > 1 else 0.0  # the request's mean per-token gap
-        blurred = client_blurred([r["sent"] + t for t in times], stalls, min_stall=MIN_STALL * tpot,
+        # a stall merges two chunks into one burst only if it is about as long as the gap between them: the gaps
+        # between bursts (a round each on a speculating server, a token each on a plain one), not the per-token
+        # mean, which a speculating server's bursts make several times shorter
+        long = sorted(g for g in (b - a for a, b in zip(times, times[1:])) if g >= NEAR_ZERO * tpot)
+        between = max(tpot, _median(long)) if long else tpot
+        blurred = client_blurred([r["sent"] + t for t in times], stalls, min_stall=MIN_STALL * between,
                                  after=max(STALL_AFTER, NEAR_ZERO * tpot))
         pacings.append(request_pacing(times, r.get("chunk_tokens"), r.get("output_tokens"), blurred,
                                       truncated=r.get("finish_reason") == "length", below=w))
