@@ -976,7 +976,8 @@ def test_verdicts_and_counters_on_vllm(tmp_path):
     target, draft = str(resolve(DEFAULT_TARGET)), str(resolve(DEFAULT_DRAFT))
     spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 4}
     with ThreadPoolExecutor(2) as pool:
-        futures = {"plain": pool.submit(vllm_serve, venv, target), "spec": pool.submit(vllm_serve, venv, target, spec)}
+        futures = {"plain": pool.submit(vllm_serve, venv, target, eager=True),
+                   "spec": pool.submit(vllm_serve, venv, target, spec, eager=True)}
     try:
         servers = {k: f.result() for k, f in futures.items()}
         results = {k: _load_cli(s.url, tmp_path, f"vllm-{k}", "--extra-body", '{"return_token_ids": true}',

@@ -82,6 +82,7 @@ class ExperimentSpec:
     vllm: bool = True
     vllm_venv: str | None = None
     vllm_kinds: list[str] = field(default_factory=lambda: list(VLLM_KINDS))
+    vllm_eager: bool = False  # --enforce-eager: vLLM starts ~25 s sooner per server and runs slower (checks only)
     timeout: float = 300.0
 
     def n_requests(self, c: int) -> int:
@@ -290,7 +291,7 @@ def _run_vllm(configs: list[ServerConfig], spec: ExperimentSpec, prompts: dict, 
         log(f"starting {cfg.name} from {venv} (about 1-2 minutes) ...")
         srv = None
         try:
-            srv = vllm_serve(venv, model_dir, cfg.spec, env=env)
+            srv = vllm_serve(venv, model_dir, cfg.spec, env=env, eager=spec.vllm_eager)
             started[cfg.name] = round(srv.started_s, 1)
             log(f"{cfg.name} up after {srv.started_s:.0f} s")
             for wl in spec.workloads:
@@ -397,6 +398,10 @@ def add_arguments(b) -> None:
                    "adaptive policies besides plain and fixed k, default every one; 'none' for neither)")
     b.add_argument("--no-speclab", action="store_true", help="--serve-experiment: only vLLM")
     b.add_argument("--no-split", action="store_true", help="--serve-experiment: no --stream-split-tokens servers")
+    b.add_argument("--vllm-eager", action="store_true",
+                   help="--serve-experiment: start vLLM with --enforce-eager (no torch.compile warm-up: each server "
+                        "starts ~25 s sooner on 2 cores but runs slower; for checking verdicts and counters, not for "
+                        "throughput)")
     b.add_argument("--vllm-configs", default=None,
                    help=f"--serve-experiment: vLLM servers to run (default {','.join(VLLM_KINDS)})")
 
@@ -421,7 +426,7 @@ def spec_from_args(args) -> ExperimentSpec:
         requests=args.requests, min_requests=16 if full else 8, per_client=2 if full else 1, max_tokens=max_tokens,
         reps=max(1, args.reps or 1),
         seed=args.seed, threads=args.threads or 1, speclab=not args.no_speclab, vllm=not args.no_vllm,
-        vllm_venv=args.vllm_venv,
+        vllm_venv=args.vllm_venv, vllm_eager=args.vllm_eager,
         vllm_kinds=[k.strip() for k in args.vllm_configs.split(",")] if args.vllm_configs else list(VLLM_KINDS))
 
 

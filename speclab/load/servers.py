@@ -134,9 +134,12 @@ def vllm_venv(path: str | None = None) -> Path | None:
 
 
 def vllm_serve(venv: Path, model_dir: str, speculative_config: dict | None = None, *, port: int | None = None,
-               max_model_len: int = 1024, start_timeout: float = 400.0, env: dict | None = None) -> ManagedServer:
+               max_model_len: int = 1024, start_timeout: float = 400.0, env: dict | None = None,
+               eager: bool = False) -> ManagedServer:
     """Start vLLM's OpenAI server from ``venv`` as docs/vllm.md says (fp32, offline, 1 GiB of KV cache);
-    ``env``: more environment variables (e.g. ``VLLM_LOG_STATS_INTERVAL``)."""
+    ``env``: more environment variables (e.g. ``VLLM_LOG_STATS_INTERVAL``); ``eager``: ``--enforce-eager``, no
+    torch.compile warm-up (vLLM 0.32's CPU build recompiles on every start, its AOT cache failing to load: about
+    25 s of a start on 2 cores), for checks that need the server's behaviour, not its speed."""
     port = port or free_port()
     cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
            "--dtype", "float32", "--max-model-len", str(max_model_len), "--host", "127.0.0.1", "--port", str(port)]
@@ -145,6 +148,8 @@ def vllm_serve(venv: Path, model_dir: str, speculative_config: dict | None = Non
         cmd += ["--chat-template", str(template)]
     if speculative_config:
         cmd += ["--speculative-config", json.dumps(speculative_config)]
+    if eager:
+        cmd.append("--enforce-eager")
     full_env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                 **(env or {})}
     return ManagedServer("vllm", cmd, port, env=full_env, start_timeout=start_timeout)
