@@ -83,24 +83,50 @@ def _outputs(nb):
             yield cell, o
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path, notebook_env, monkeypatch):
-    pytest.importorskip("nbclient")
-    from jupyter_client.kernelspec import KernelSpecManager
+def _execute(path: Path, env: dict) -> tuple:
+    """Run one notebook top to bottom in its own kernel (``env``: the kernel's environment); (notebook, seconds,
+    the exception or None)."""
     from nbclient import NotebookClient
-
-    for k, v in notebook_env.items():
-        monkeypatch.setenv(k, v)
-    spec = KernelSpecManager().get_kernel_spec("python3")
-    assert spec.argv[0] == sys.executable, spec.argv  # the kernel is this venv's interpreter
 
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NB_DIR)}})
     t = time.perf_counter()
-    client.execute()  # raises CellExecutionError on the first failing cell
-    took = time.perf_counter() - t
+    try:
+        client.execute(env=env)  # raises CellExecutionError on the first failing cell
+    except Exception as e:  # noqa: BLE001 - reported by the notebook's own test
+        return nb, time.perf_counter() - t, e
+    return nb, time.perf_counter() - t, None
+
+
+@pytest.fixture(scope="session")
+def executed(request, notebook_env):
+    """Every notebook the session selected, run two at a time (each kernel has one torch thread, the machine two
+    cores: the notebooks take half the wall time they take one after another)."""
+    pytest.importorskip("nbclient")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    wanted = [item.callspec.params["path"] for item in request.session.items
+              if getattr(item, "originalname", None) == "test_notebook_runs"]
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in notebook_env.items():
+            mp.setenv(k, v)
+        spec = KernelSpecManager().get_kernel_spec("python3")
+        assert spec.argv[0] == sys.executable, spec.argv  # the kernel is this venv's interpreter
+        env = dict(os.environ)
+        with ThreadPoolExecutor(2) as pool:
+            futures = {p.stem: pool.submit(_execute, p, env) for p in wanted}
+        return {stem: f.result() for stem, f in futures.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs(path, executed):
+    nb, took, error = executed[path.stem]
     print(f"{path.name}: {took:.1f} s")
+    if error is not None:
+        raise error
 
     errors = [o for _, o in _outputs(nb) if o.get("output_type") == "error"]
     assert not errors
