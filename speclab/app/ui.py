@@ -351,7 +351,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 with gr.Row():
                     sw_target = _lenient(gr.Dropdown(target_choices, value=cfg.default_target, label="target",
                                                      allow_custom_value=custom))
-                    sw_wl = _lenient(gr.CheckboxGroup(workloads, value=workloads[:2], label="workloads"))
+                    sw_wl = _lenient(gr.CheckboxGroup(workloads, value=workloads[:2], label="workloads",
+                                                    elem_id="sweep-workloads"))
                     sw_drafts = _lenient(gr.CheckboxGroup(
                         [c for c in draft_choices if c[1] != "none"],
                         value=[d for d in (cfg.default_draft, "ngram") if d != "none"][:2], label="drafts"))
