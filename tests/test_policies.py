@@ -626,6 +626,38 @@ def test_draft_costs_are_sampled_in_steady_rounds_only(tiny, target_lm):
     assert plain == steady_plain and 0 < len(steady_plain) < rounds - sum(drafted)
 
 
+def test_step_costs_sampled_one_steady_round_in_a_stride_once_warm(tiny, target_lm):
+    """Recording a round's costs between two forwards is not free (at one row it took 2.4% of a run that recorded
+    every round): once the tables hold COST_WARM samples, one steady round in COST_STRIDE of each kind is recorded,
+    target, overhead and draft phase together."""
+    from speclab.engine import Fixed, Scheduler
+    from speclab.engine import scheduler as S
+    from speclab.engine.request import Request
+    from speclab.engine.sampling import SamplingParams
+
+    def run(warm: bool):
+        sched = Scheduler(target_lm, make_drafter(tiny["draft_close"], target_lm), Fixed(2), max_running=3,
+                          max_len=96)
+        if warm:
+            sched.costs.version = S.COST_WARM  # as if the tables were full already
+        rec = {"target": [], "overhead": [], "draft": []}
+        rt, ro, rd = sched.costs.record_target, sched.costs.record_overhead, sched.costs.record_draft
+        sched.costs.record_target = lambda n, T, sec: (rec["target"].append(sched.round), rt(n, T, sec))
+        sched.costs.record_overhead = lambda n, sec, d=True: (rec["overhead"].append(sched.round), ro(n, sec, d))
+        sched.costs.record_draft = lambda n, st, sec: (rec["draft"].append(sched.round), rd(n, st, sec))
+        for i, p in enumerate(PROMPTS[:3]):
+            sched.submit(Request(target_lm.encode(p), 24, SamplingParams(), ignore_eos=True, request_id=str(i)))
+        sched.run_until_idle()
+        return sched.round, rec
+
+    rounds, young = run(False)  # the tables young all through: every steady round recorded
+    steady = young["target"]  # every round drafts but the last (the rows' budgets end it at k = 0, after drafts)
+    assert steady == young["overhead"] == list(range(1, rounds)) and young["draft"] == steady[1:]  # draft: after one
+    _, warm = run(True)  # the same greedy rounds: the 4th, 8th, 12th ... steady round recorded, all three together
+    every = steady[S.COST_STRIDE - 1::S.COST_STRIDE]
+    assert warm["target"] == warm["overhead"] == warm["draft"] == every and len(every) >= 4
+
+
 def test_events_carry_k_and_reason(tiny, target_lm):
     dec = SpeculativeDecoder(target_lm, make_drafter(tiny["draft_close"], target_lm))
     res = dec.generate(PROMPTS[:3], k=3, max_new_tokens=12, policy="heuristic")

@@ -54,6 +54,11 @@ _run_ids = itertools.count(1)
 # ~150 kernel launches) is about that of 30 more prompt tokens for the embedded family on a CPU (one row: 16 tokens
 # 7.7 ms, 64 tokens 11.2 ms), so a group takes the next longer prompt while its padding stays within this many tokens
 PREFILL_PAD_BUDGET = 32
+# step costs: every steady round until this many samples are recorded (OnlineCosts.version), then one steady round in
+# COST_STRIDE of each kind (drafting, plain). Recording is cheap alone (about 13 us a round) but not between two
+# forwards, where its Python runs on cold caches: at one row it took 2.4% of a run that recorded every round
+COST_WARM = 128
+COST_STRIDE = 4
 
 
 def prefill_groups(lengths: list[int], budget: int = PREFILL_PAD_BUDGET) -> list[tuple[int, int]]:
@@ -144,6 +149,8 @@ class Scheduler:
         self.reject_tree = tree_rejection_sample  # the multi-candidate rule (tests patch the module name)
         self.t_last = time.perf_counter()
         self._drafted_last = False  # did the last round draft (its draft phase is then a steady one's cost sample)
+        self._unsampled = [0, 0]  # steady plain / drafting rounds since the last one whose costs were recorded
+        self.cost_stride = COST_STRIDE
         self.draft_features = tuple(getattr(drafter, "features", ()) or ()) if drafter is not None else ()
         # prefix caching (speclab.engine.prefix_cache): the native cache only, and not for drafters that read the
         # target's features at every prompt position (a reused prefix has none)
@@ -508,9 +515,18 @@ class Scheduler:
         if timed:
             sync(dev)
         t1 = time.perf_counter()
-        if prop is not None and self.record_costs and self._drafted_last:
-            # steady rounds only: right after a round without drafts the draft's weights are cold and its cache
-            # catches up on every plain round's token, a switching cost a policy pays once, not per drafting round
+        # steady rounds only: right after a round without drafts the draft's weights are cold and its cache catches
+        # up on every plain round's token, a switching cost a policy pays once, not per drafting round; likewise a
+        # plain step right after a drafting round runs the target's weights cold (the draft's forwards and the
+        # verify block displaced them). Of those, every one while the tables are young, then one in COST_STRIDE
+        sample = False
+        if self.record_costs and (prop is not None or not self._drafted_last):
+            kind = prop is not None
+            if self.costs.version < COST_WARM or self._unsampled[kind] >= self.cost_stride - 1:
+                sample, self._unsampled[kind] = True, 0
+            else:
+                self._unsampled[kind] += 1
+        if sample and prop is not None and self._drafted_last:
             self.costs.record_draft(n, steps, t1 - tc - t_admit)
 
         # ---- verify: one target forward over [newest token, d1..dk] per row (a tree: [newest, nodes...] with
@@ -527,10 +543,7 @@ class Scheduler:
         if timed:
             sync(dev)
         t2 = time.perf_counter()
-        # a plain step right after a drafting round runs the target's weights cold (the draft's forwards and the
-        # verify block displaced them): a switching cost too; a plain step's sample comes from steady plain rounds
-        steady = prop is not None or not self._drafted_last
-        if self.record_costs and steady:
+        if sample:
             self.costs.record_target(n, kk + 1, t2 - t1)
 
         # ---- accept, write, roll back
@@ -610,7 +623,7 @@ class Scheduler:
         self._leave(finished)
         self._drafted_last = prop is not None
         self.t_last = time.perf_counter()
-        if self.record_costs and steady:  # the round's work outside the forwards (weighed against the forwards)
+        if sample:  # the round's work outside the forwards (weighed against the forwards)
             self.costs.record_overhead(n, self.t_last - t2 + tc - t0, prop is not None)
         return done
 
