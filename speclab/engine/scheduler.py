@@ -150,7 +150,6 @@ class Scheduler:
         self.t_last = time.perf_counter()
         self._drafted_last = False  # did the last round draft (its draft phase is then a steady one's cost sample)
         self._unsampled = [0, 0]  # steady plain / drafting rounds since the last one whose costs were recorded
-        self.cost_stride = COST_STRIDE
         self.draft_features = tuple(getattr(drafter, "features", ()) or ()) if drafter is not None else ()
         # prefix caching (speclab.engine.prefix_cache): the native cache only, and not for drafters that read the
         # target's features at every prompt position (a reused prefix has none)
@@ -522,7 +521,7 @@ class Scheduler:
         sample = False
         if self.record_costs and (prop is not None or not self._drafted_last):
             kind = prop is not None
-            if self.costs.version < COST_WARM or self._unsampled[kind] >= self.cost_stride - 1:
+            if self.costs.version < COST_WARM or self._unsampled[kind] >= COST_STRIDE - 1:
                 sample, self._unsampled[kind] = True, 0
             else:
                 self._unsampled[kind] += 1
