@@ -23,6 +23,7 @@ from speclab.engine.policies import (
     Ema,
     Goodput,
     Heuristic,
+    OffHold,
     PolicyView,
     RowView,
     batch_tokens,
@@ -299,6 +300,66 @@ def test_goodput_probes_when_acceptance_closed_it():
     assert [q.choose(view([hist(0.05, 4, 30)], steep))[0].k for _ in range(6)] == [0] * 6
 
 
+def _off_run(policy, rounds, ids=("r0",)):
+    """Feed ``policy`` a run at acceptance 0.05 on a cheap table, each round's choice appended to every row's history
+    (a probe at k = 1 rejected): the ks chosen, the reasons, and how many rounds were weighed (``scores`` called)."""
+    costs, hs = table(), {i: hist(0.05, 4, 30) for i in ids}
+    weighed = [0]
+    scores = policy.scores
+
+    def counted(v):
+        weighed[0] += 1
+        return scores(v)
+
+    policy.scores = counted
+    ks, why = [], []
+    for _ in range(rounds):
+        c = policy.choose(PolicyView(tuple(RowView(i, tuple(hs[i]), remaining=1000) for i in ids), len(ids), 0,
+                                     costs))[0]
+        ks.append(c.k)
+        why.append(c.reason)
+        for i in ids:
+            hs[i].append((c.k, 0))
+    return ks, why, weighed[0]
+
+
+def test_off_hold_skips_the_weighing_and_keeps_the_decisions():
+    """A k = 0 decision held for the next rounds: the same ks as weighing every round, probes on the same rounds
+    (held rounds count towards them), and most rounds not weighed at all."""
+    every = Goodput(4, probe_every=8, probe_budget=1.0)
+    every.hold = OffHold(0)
+    held = Goodput(4, probe_every=8, probe_budget=1.0)
+    ks0, _, w0 = _off_run(every, 40)
+    ks1, why1, w1 = _off_run(held, 40)
+    assert ks1 == ks0 and ks0.count(1) == 5 and ks0[7] == 1  # a probe every 8 rounds, the first on the 8th
+    assert w0 == 40 and w1 <= 15
+    assert any(w.endswith("(held)") for w in why1) and not why1[0].endswith("(held)")
+
+
+def test_off_hold_ends_when_the_rows_change():
+    p = Goodput(4, probe_every=8, probe_budget=1.0)
+    costs = table()
+    h = tuple(hist(0.05, 4, 30))
+    one = PolicyView((RowView("a", h, remaining=1000),), 1, 0, costs)
+    assert p.choose(one)[0].k == 0 and p.hold.left > 0
+    assert p.choose(one)[0].reason.endswith("(held)")
+    other = PolicyView((RowView("b", h, remaining=1000),), 1, 0, costs)  # a row left, another arrived
+    assert not p.choose(other)[0].reason.endswith("(held)")
+    two = PolicyView((RowView("b", h, remaining=1000), RowView("c", h, remaining=1000)), 2, 0, table(rows=(1, 2)))
+    assert not p.choose(two)[0].reason.endswith("(held)")
+
+
+def test_off_hold_never_passes_a_probe_the_budget_allows():
+    """With probes every round but a budget that allows one every few rounds, the hold ends on the round the budget
+    covers the probe."""
+    def run(hold_rounds):
+        q = Goodput(4, probe_every=1, probe_budget=0.11)  # 0.2 ms probe, 1 ms rounds: one every 2 rounds
+        q.hold = OffHold(hold_rounds)
+        return _off_run(q, 12)[0]
+
+    assert run(8) == run(0) == [0, 1] * 6
+
+
 def test_probe_cost_by_hand():
     from speclab.engine.policies import probe_cost
 
@@ -357,6 +418,20 @@ def test_cost_gate_turns_rules_off_and_probes():
     tr.update(v)
     got = [gate.apply(v, [Choice(4, "rule")], "rule")[0] for _ in range(6)]
     assert [c.k for c in got] == [0, 0, 1, 0, 0, 1] and "probe k=1" in got[2].reason
+
+
+def test_cost_gate_holds_its_off_decision_without_asking_the_rule():
+    steep = table(step_ms=1.0, steep=True, draft_ms=0.5)
+    p = Heuristic(4)
+    asked = []
+    rule = p.row_k
+    p.row_k = lambda r: asked.append(r.request_id) or rule(r)
+    h = hist(0.6, 4, 10)
+    first = p.choose(view([h], steep))
+    assert first[0].k == 0 and not first[0].reason.endswith("(held)") and asked == ["r0"]
+    again = p.choose(view([h + [(0, 0)]], steep))
+    assert again[0].k == 0 and again[0].reason.endswith("(held)")
+    assert asked == ["r0"]  # the rule was not asked again
 
 
 def test_cost_gate_times_a_plain_step_a_rule_would_never_run():

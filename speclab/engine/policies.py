@@ -42,6 +42,7 @@ reacts to load or to batch-mates a sampled row's output, while exact, depends on
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
@@ -277,6 +278,8 @@ class AcceptanceTracker:
 
 # ============================================================================ the cost side
 
+NEVER = 1 << 30  # ProbeBudget.quiet when no probe can come
+
 
 def _costs_ready(costs, n: int, covered: set | None = None) -> str | None:
     """None when ``costs`` can predict rounds of n rows; else what to measure first: 'plain' or 'spec'.
@@ -436,9 +439,15 @@ class ProbeBudget:
         self.every, self.budget = every, budget
         self.idle = 0  # rounds at k = 0 since the last probe
         self.idle_s = 0.0  # their predicted seconds
+        self.quiet = 0  # after off_round: how many of the next rounds at k = 0 certainly cannot be a probe
 
     def reset(self) -> None:
         self.idle, self.idle_s = 0, 0.0
+
+    def count(self, t0: float) -> None:
+        """Count one round at k = 0 of ``t0`` predicted seconds that was not weighed (an :class:`OffHold`'s)."""
+        self.idle += 1
+        self.idle_s += t0
 
     def off_round(self, rows, t0: float, t1: float | None, per_token: float, pop_first: float, default: float,
                   t1_weighed: float | None = None, catch_up: float = 0.0) -> int:
@@ -446,17 +455,70 @@ class ProbeBudget:
         share; ``t1_weighed``: the k = 1 round as the policy weighs it, default ``t1``; ``catch_up``: the draft's
         catch-up a probe would pay, :func:`catch_up_time`). A probe is due now: the rounds waited for it (the count
         restarts); not due: 0."""
-        self.idle += 1
-        self.idle_s += t0
-        if not self.every or self.idle < self.every or t1 is None:
+        self.count(t0)
+        if not self.every or t1 is None:
+            self.quiet = NEVER
             return 0
-        if probe_cost(rows, t0, t1, per_token, catch_up) > self.budget * self.idle_s:
+        if self.idle < self.every:
+            self.quiet = self.every - self.idle - 1
+            return 0
+        short = probe_cost(rows, t0, t1, per_token, catch_up) - self.budget * self.idle_s
+        if short > 0:  # the rounds until the budget covers it (a lower bound: the catch-up grows meanwhile)
+            self.quiet = math.ceil(short / (self.budget * t0)) - 1 if self.budget > 0 and t0 > 0 else NEVER
             return 0
         if not worth_probing(t0, t1 if t1_weighed is None else t1_weighed, pop_first, default):
+            self.quiet = NEVER
             return 0
         waited = self.idle
         self.reset()
+        self.quiet = 0
         return waited
+
+
+class OffHold:
+    """Keeps a k = 0 decision for the next few rounds instead of weighing every row again each round: while the
+    same rows run (same request ids, in the same order), for at most ``rounds`` rounds and never past a round in
+    which its :class:`ProbeBudget` could probe (each held round is counted there, at the weighed round's predicted
+    time). Weighing a round costs tens of microseconds of Python per round and per row, paid between two forwards
+    with cold caches, a few percent of a one-row step at the very time speculation is off because it does not pay.
+    Held, what the weighing reads moves only slowly: a row at k = 0 brings no acceptance evidence, the population
+    keeps its estimate while nobody drafts, and the cost tables change over many rounds; a row arriving or
+    leaving ends the hold at once. The tracker takes in the held rounds at the next weighing (it reads each row's
+    history since the last call). A decision near break-even held a few rounds too long costs little: there,
+    drafting and not drafting yield nearly the same."""
+
+    def __init__(self, rounds: int = 8):
+        self.rounds = rounds
+        self.left = 0
+        self.ids: tuple = ()
+        self.choices: list[Choice] = []
+        self.t0 = 0.0
+
+    def held(self, view: PolicyView, probes: ProbeBudget) -> list[Choice] | None:
+        """The held choices for this round (counted as a round at k = 0), or None: weigh it."""
+        if self.left <= 0:
+            return None
+        rows, ids = view.rows, self.ids
+        if len(rows) != len(ids) or any(r.request_id != i for r, i in zip(rows, ids)):
+            self.left = 0
+            return None
+        self.left -= 1
+        probes.count(self.t0)
+        return self.choices
+
+    def start(self, view: PolicyView, choices: list[Choice], t0: float, quiet: int) -> list[Choice]:
+        """After a weighed round at k = 0 (``t0``: its predicted seconds; ``quiet``: :attr:`ProbeBudget.quiet`): hold
+        its choices (marked held in their reasons) for the next rounds. Returns ``choices``."""
+        self.left = min(self.rounds, quiet)
+        if self.left > 0:
+            self.ids = tuple(r.request_id for r in view.rows)
+            reason = choices[0].reason + " (held)" if choices else ""
+            self.choices = [Choice(0, reason)] * len(choices)
+            self.t0 = t0
+        return choices
+
+    def stop(self) -> None:
+        self.left = 0
 
 
 class CostGate:
@@ -476,8 +538,14 @@ class CostGate:
     def __init__(self, tracker: AcceptanceTracker, probe_every: int = 16, probe_budget: float = 0.05):
         self.tracker = tracker
         self.probes = ProbeBudget(probe_every, probe_budget)
+        self.hold = OffHold()
         self.times = RoundTimes(tracker.k_max)
         self.covered: set = set()
+
+    def held(self, view: PolicyView) -> list[Choice] | None:
+        """The choices of a k = 0 decision held from an earlier round (:class:`OffHold`), or None: ask the rule and
+        weigh its choices (:meth:`apply`). Asked first, so a held round costs neither the rule nor the gate."""
+        return self.hold.held(view, self.probes)
 
     def apply(self, view: PolicyView, choices: list[Choice], rule: str, width: float | None = None) -> list[Choice]:
         """``width``: the draft length the rule's rounds really reach, when it stops drafts early (default: its
@@ -521,7 +589,7 @@ class CostGate:
             return [Choice(min(c.k, 1), f"probe k=1 after {self.probes.every}+ rounds off ({rule})")
                     for c in choices]
         why = f"off: {rule} k={kmax} predicted {gain:.2f}x plain ({n} rows)"
-        return [Choice(0, why)] * n
+        return self.hold.start(view, [Choice(0, why)] * n, t0, self.probes.quiet)
 
 
 # ============================================================================ the policies
@@ -641,6 +709,8 @@ class Heuristic(GatedRule):
         if self.k_max == 0:
             return [Choice(0, "heuristic: K = 0")] * len(view.rows)
         if self.gate:
+            if (held := self._gate.held(view)) is not None:
+                return held
             self._tracker.update(view)
         out = [Choice(k, f"heuristic k={k}") for k in (self.row_k(r) for r in view.rows)]
         return self._gated(view, out, "heuristic", self._k)
@@ -701,6 +771,8 @@ class Ema(GatedRule):
         if self.k_max == 0:
             return [Choice(0, "ema: K = 0")] * len(view.rows)
         if self.gate:
+            if (held := self._gate.held(view)) is not None:
+                return held
             self._tracker.update(view)
         out = []
         for r in view.rows:
@@ -742,6 +814,7 @@ class Goodput:
         self.tracker = AcceptanceTracker(self.k_max)
         self.times = RoundTimes(self.k_max)
         self.probes = ProbeBudget(self.probe_every, self.probe_budget)
+        self.hold = OffHold()
         self._raw: list[float | None] = []  # the last scores' round times without the draft-prefill share
         self._per_token = 0.0
         self._catch = 0.0  # the last scores' catch-up charge (catch_up_time)
@@ -769,6 +842,9 @@ class Goodput:
             return []
         if K == 0:
             return [Choice(0, "goodput: K = 0")] * n
+        held = self.hold.held(view, self.probes)
+        if held is not None:
+            return held
         self.tracker.update(view)
         need = _costs_ready(view.costs, n, self.covered)
         if need == "none":
@@ -799,7 +875,8 @@ class Goodput:
         gain = rate[best] / rate[0] if rate[0] else float("inf")
         why = (f"goodput: k={best} {tokens[best] / n:.2f} tok/row in {times[best] * 1e3:.2f} ms, "
                f"{gain:.2f}x k=0 ({n} rows)")
-        return [Choice(best, why)] * n
+        out = [Choice(best, why)] * n
+        return self.hold.start(view, out, self._raw[0], self.probes.quiet) if best == 0 else out
 
     def draft_stop(self):
         return None
@@ -856,6 +933,8 @@ class Confidence(GatedRule):
         out = [Choice(K, f"confidence: up to k={K}")] * len(view.rows)
         if not (self.gate and K):
             return out
+        if (held := self._gate.held(view)) is not None:
+            return held
         last = [r.history[-1][0] for r in view.rows
                 if r.history and (st := self._asked.get(r.request_id)) and len(r.history) - 1 in st[0]]
         if last:  # the previous round asked for drafts: how far its draft phase ran (the widest row's draft)
