@@ -31,6 +31,7 @@ from speclab.engine.policies import (
     ema_tiers,
     expected_tokens,
     parse_table,
+    switch_on,
 )
 from speclab.errors import SpeclabError
 
@@ -358,6 +359,30 @@ def test_off_hold_never_passes_a_probe_the_budget_allows():
         return _off_run(q, 12)[0]
 
     assert run(8) == run(0) == [0, 1] * 6
+
+
+def test_switch_on_by_hand():
+    assert switch_on(1.03, on=True) and not switch_on(1.03, on=False)  # inside the band: as it was
+    assert switch_on(1.06, on=False) and not switch_on(0.99, on=True)
+    assert switch_on(1.0, on=False, margin=0.0) and not switch_on(1.0, on=True)
+
+
+def test_goodput_switches_on_only_past_the_margin_and_off_below_break_even():
+    """Hysteresis on the predicted gain: a draft predicted at a few percent over plain decoding does not switch a
+    policy that is off back on (its switching costs are not in the prediction), but keeps one that is on."""
+    costs = table(step_ms=1.0, verify_ms_per_token=0.3, draft_ms=0.1)  # k = 1: 1.4 ms
+    h = hist(0.45, 1, 40)  # about 1.45 tokens a round at k = 1: 1.45 / 1.4 = 1.03x plain
+
+    def first(p):
+        return p.choose(view([h], costs))[0]
+
+    off = first(Goodput(4, probe_every=0))
+    assert off.k == 0 and "to switch on" in off.reason
+    assert first(Goodput(4, probe_every=0, switch_margin=0.0)).k > 0  # no band: on at once
+    p = Goodput(4, probe_every=0)
+    assert p.choose(view([hist(0.9, 1, 40)], costs))[0].k > 0  # clearly paying: on
+    assert p.choose(view([hist(0.9, 1, 40) + h], costs))[0].k > 0  # then 1.03x: stays on
+    assert p.choose(view([hist(0.9, 1, 40) + hist(0.05, 1, 60)], costs))[0].k == 0  # below break-even: off
 
 
 def test_probe_cost_by_hand():
