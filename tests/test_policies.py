@@ -585,6 +585,24 @@ def test_calibrated_shapes_are_rescaled_by_their_own_load_level():
     assert snap["1"] == pytest.approx(1.25) and snap["64"] == pytest.approx(2.0)
 
 
+def test_online_costs_copy_learns_apart():
+    """A copy starts from the same calibration and samples and then learns on its own: its records (and the
+    online / calibrated scale they set) move neither the original nor another copy."""
+    c = OnlineCosts()
+    c.set_calibrated({(n, t): 1e-3 * n * t for n in (1, 4) for t in (1, 2, 5)})
+    c.record_target(1, 1, 1e-3)
+    a, b = c.copy(), c.copy()
+    assert a.target_time(1, 1) == c.target_time(1, 1) and a.target_time(4, 5) == pytest.approx(20e-3)
+    for _ in range(10):
+        a.record_target(4, 1, 3 * 4e-3)  # 3x its calibration at 4 rows
+    assert a.target_time(4, 5) == pytest.approx(60e-3)  # a's scale at level 4
+    assert c.target_time(4, 5) == pytest.approx(20e-3) and b.target_time(4, 5) == pytest.approx(20e-3)
+    assert c.snapshot()["scale_by_level"]["target"] == b.snapshot()["scale_by_level"]["target"] != \
+        a.snapshot()["scale_by_level"]["target"]
+    a.record_target(1, 1, 1.0)
+    assert c.version == b.version < a.version
+
+
 def test_calibration_rows():
     from speclab.engine.costs import calibration_rows
 

@@ -12,7 +12,8 @@ step (:func:`lockstep`: each its own scheduler, charged the time of its own step
 cycle), because this machine's speed drifts by tens of percent over seconds; the whole grid repeats ``--reps``
 times; each cell reports the median throughput. The spec
 decoder's step costs are calibrated once before anything is timed (``OnlineCosts.calibrate``; its
-seconds are reported, not counted), and are learnt online over the run, as a server would. One policy
+seconds are reported, not counted), and are learnt online over the run, as a server would: each adaptive
+configuration from a copy of its own (a stop rule's draft phases must not move goodput's predictions). One policy
 object per (cell, configuration), kept over the repetitions (a server keeps its policy and what it
 learnt about the traffic). Every output is checked token-identical to plain greedy decoding. Targets
 (issue 12): goodput >= 0.95x the best fixed k in hindsight (k = 0 included) in every cell; on the
@@ -179,9 +180,10 @@ def lockstep(target, runs: list[tuple], prompts: list[list[int]], concurrency: i
     charged the time of its own steps. This machine's speed drifts by tens of percent over seconds (other work on
     the host); configurations run one after another see different speeds, while steps a few milliseconds apart see
     the same one, so ratios between configurations are far tighter. Returns (tokens generated, seconds, requests)
-    per run, in order."""
-    scheds, reqs = zip(*[_burst(target, drafter, policy, prompts, concurrency, max_new_tokens, costs, seed)
-                         for drafter, policy in runs])
+    per run, in order. ``costs``: one table for every run, or a list of one per run."""
+    tables = costs if isinstance(costs, list) else [costs] * len(runs)
+    scheds, reqs = zip(*[_burst(target, drafter, policy, prompts, concurrency, max_new_tokens, table, seed)
+                         for (drafter, policy), table in zip(runs, tables)])
     spent = [0.0] * len(runs)
     live = list(range(len(runs)))
     cycle = offset
@@ -252,13 +254,17 @@ def run_policies(args) -> int:
     stats: dict[tuple, dict] = {}
     identical: dict[tuple, bool] = {}
     t_run = time.perf_counter()
+    # each adaptive configuration learns its own copy of the calibrated table, over every cell, as a server keeps
+    # one (shared, one policy's rounds would move another's predictions: a stop rule's draft phases are not goodput's)
+    tables = {label: spec.costs.copy() if pol_spec in ADAPTIVE else spec.costs for label, pol_spec, _ in configs}
     # a drafter per configuration: a model draft's cache belongs to one scheduler (the weights are shared)
     drafters = {label: make_drafter(draft_name, target, load=cached_model) if pol_spec else None
                 for label, pol_spec, _ in configs}
     for rep in range(g["reps"]):
         for w, B in cells:
             out = lockstep(target, [(drafters[label], policies.get((w, B, label))) for label, _, _ in configs],
-                           queue[(w, B)], B, M, spec.costs, args.seed, clock, offset=rep)
+                           queue[(w, B)], B, M, [tables[label] for label, _, _ in configs], args.seed, clock,
+                           offset=rep)
             for (label, pol_spec, k), (ntok, spent, reqs) in zip(configs, out):
                 key = (w, B, label)
                 runs.setdefault(key, []).append((ntok, spent))
@@ -292,7 +298,8 @@ def run_policies(args) -> int:
         command="speclab bench " + " ".join(sys.argv[2:]), target=target.name, draft=draft_name,
         device=str(target.device), clock=args.clock, max_new_tokens=M, requests_per_cell=n_prompts,
         batches=levels, fixed_ks=g["fixed_ks"], K=K, reps=g["reps"], workloads=list(ids),
-        calibration_s=calib_s, run_s=time.perf_counter() - t_run, costs=spec.costs.snapshot(), rows=results)
+        calibration_s=calib_s, run_s=time.perf_counter() - t_run, costs=spec.costs.snapshot(),
+        learnt_costs={label: t.snapshot() for label, t in tables.items() if t is not spec.costs}, rows=results)
     report["targets"] = policy_targets(report)
     return _write(args, report, format_policies(report))
 

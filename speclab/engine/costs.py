@@ -41,6 +41,7 @@ per process and (target, draft, grid), so a benchmark pays for one once, outside
 
 from __future__ import annotations
 
+import copy
 import statistics
 import threading
 import time
@@ -172,6 +173,20 @@ class OnlineCosts:
         self.calibration_s = 0.0  # time spent calibrating (outside any timed region)
         self.frozen = False  # True: records are ignored (a fixed, hand-built table: tests and what-if runs)
         self.lock = threading.Lock()
+
+    def copy(self) -> "OnlineCosts":
+        """An independent copy, calibration and online samples included (its own lock and scales): each of several
+        policies run side by side learns its own table from its own rounds, as each server would."""
+        with self.lock:
+            lock, self.lock = self.lock, None
+            try:
+                new = copy.deepcopy(self)
+            finally:
+                self.lock = lock
+        new.lock = threading.Lock()
+        new._target.scale_of = new._scale_of("target")  # the closures read the copy's scales, not these
+        new._draft.scale_of = new._scale_of("draft")
+        return new
 
     def _scale_of(self, name: str):
         levels = self._scales[name]
