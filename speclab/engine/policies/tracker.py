@@ -1,0 +1,140 @@
+"""Per-row, per-position acceptance estimates (:class:`AcceptanceTracker`) and the expected tokens of a round."""
+
+from __future__ import annotations
+
+from .base import PolicyView
+
+
+def expected_tokens(survival: list[float], k: int) -> float:
+    """Expected tokens a round of k drafts emits, from ``survival[i]`` = P(drafts 0..i all accepted):
+    1 (the recovered or bonus token) + sum_{i<k} survival[i]. e.g. i.i.d. acceptance 0.5, k = 2:
+    1 + 0.5 + 0.25 = 1.75."""
+    return 1.0 + sum(survival[:k])
+
+
+class AcceptanceTracker:
+    """Per-row, per-position conditional acceptance, learned from each row's history and shrunk toward
+    a population estimate (every row this tracker has seen), so new rows start from what similar
+    requests did.
+
+    c[i] = P(draft i accepted | drafts 0..i-1 accepted): a round (drafted d, accepted a) *reaches*
+    position i when i <= a and i < d, and accepts it when i < a. A row's counts decay by ``decay``
+    every round, drafted or not, so an estimate follows a row whose text changes character (a code
+    row falling into a loop becomes predictable), and evidence ages while the row does not draft: a
+    row switched off for low acceptance drifts back to its prior and is tried again. The population's
+    counts decay by ``population_decay`` per update that brings evidence (a round in which some row drafted),
+    not while nobody drafts: a population switched off keeps what it last measured, and only a probe, whose
+    cost the policy weighs, tries it again. A row's estimate at i is
+    (accepted + w * prior) / (reached + w), with w = ``prior_weight`` and prior = the row's own
+    estimate at i-1 (acceptance is close to i.i.d. along a draft), or at i = 0 the population's; the
+    population's own prior at position 0 is ``default``. ``survival(row)`` = cumulative products:
+    P(at least i+1 drafts accepted).
+
+    The defaults (decay 0.95, prior weight 4) come from ``speclab bench --tracker-fit``: replaying fixed-k
+    histories of JSON, code and prose through the tracker, they predict acceptance with 1.6% less log-loss
+    than the earlier 0.9 / 2, which followed a row so closely that one miss halved its estimate (a
+    setting that forgets more slowly still, 0.98 / 8, is 0.4% better again, within the grid's flat bottom).
+    """
+
+    def __init__(self, k_max: int, decay: float = 0.95, prior_weight: float = 4.0, default: float = 0.8,
+                 population_decay: float = 0.95):
+        self.k_max = k_max
+        self.decay, self.w, self.default, self.pop_decay = decay, prior_weight, default, population_decay
+        self.rows: dict[str, list] = {}  # request id -> [history seen, reached[K], accepted[K]]
+        self.pop_n = [0.0] * k_max
+        self.pop_a = [0.0] * k_max
+
+    def update(self, view: PolicyView) -> None:
+        """Absorb every row's rounds since the last call; forget rows that left."""
+        K, dec = self.k_max, self.decay
+        new_n, new_a = [0.0] * K, [0.0] * K  # this call's evidence, for the population
+        live = set()
+        for r in view.rows:
+            live.add(r.request_id)
+            st = self.rows.get(r.request_id)
+            h = r.history
+            if st is None or st[0] > len(h):  # new (or an id reused by a new request)
+                st = self.rows[r.request_id] = [0, [0.0] * K, [0.0] * K, 0]
+            seen, N, A, idle = st
+            z = 0  # rounds since the last one that drafted: their decay is applied at once
+            for d, a in h[seen:]:
+                z += 1
+                if d == 0:
+                    idle += 1
+                    continue
+                idle = 0
+                f = dec ** z
+                z = 0
+                for i in range(K):
+                    N[i] *= f
+                    A[i] *= f
+                for i in range(min(d, a + 1, K)):
+                    ok = 1.0 if i < a else 0.0
+                    N[i] += 1.0
+                    A[i] += ok
+                    new_n[i] += 1.0
+                    new_a[i] += ok
+            if z and N[0]:  # (N[i] <= N[0]: nothing reached position 0, nothing to decay)
+                f = dec ** z
+                for i in range(K):
+                    N[i] *= f
+                    A[i] *= f
+            st[0], st[3] = len(h), idle
+        if new_n[0]:  # the population's evidence ages as new evidence comes in, not while nobody drafts
+            for i in range(K):
+                self.pop_n[i] = self.pop_n[i] * self.pop_decay + new_n[i]
+                self.pop_a[i] = self.pop_a[i] * self.pop_decay + new_a[i]
+        if len(self.rows) > len(live):
+            for rid in [x for x in self.rows if x not in live]:
+                del self.rows[rid]
+
+    def idle_rounds(self, request_id: str) -> int:
+        """Rounds since the row last drafted (all its rounds if it never did): how many tokens a draft model that
+        holds the row has to catch up on (one a plain round) before it drafts again."""
+        st = self.rows.get(request_id)
+        return st[3] if st is not None else 0
+
+    def population(self) -> list[float]:
+        """Conditional acceptance per position over every row seen (each position's prior: the one before)."""
+        out, prior = [], self.default
+        for i in range(self.k_max):
+            c = (self.pop_a[i] + prior) / (self.pop_n[i] + 1.0)
+            out.append(c)
+            prior = c
+        return out
+
+    def conditional(self, request_id: str, pop: list[float] | None = None) -> list[float]:
+        pop = pop if pop is not None else self.population()
+        st = self.rows.get(request_id)
+        if st is None:
+            return list(pop)
+        N, A = st[1], st[2]
+        out, w = [], self.w
+        for i in range(self.k_max):
+            prior = pop[0] if i == 0 else out[-1]
+            out.append((A[i] + w * prior) / (N[i] + w))
+        return out
+
+    def survival(self, request_id: str, pop: list[float] | None = None) -> list[float]:
+        """P(drafts 0..i all accepted) for i < K: the cumulative products of :meth:`conditional` (one loop: policies
+        ask for every row every round)."""
+        pop = pop if pop is not None else self.population()
+        st = self.rows.get(request_id)
+        s, out = 1.0, []
+        if st is None:
+            for c in pop:
+                s *= c
+                out.append(s)
+            return out
+        N, A = st[1], st[2]
+        w, prior = self.w, pop[0]
+        if not N[0]:  # no evidence at all (N[i] <= N[0]): every position at the population's first
+            for _ in range(self.k_max):
+                s *= prior
+                out.append(s)
+            return out
+        for i in range(self.k_max):
+            prior = (A[i] + w * prior) / (N[i] + w)
+            s *= prior
+            out.append(s)
+        return out
