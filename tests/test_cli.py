@@ -31,6 +31,16 @@ def test_generate_json(tiny, capsys):
         assert key in obj["metrics"]
 
 
+def test_generate_with_an_adaptive_policy(tiny, capsys):
+    """`--policy goodput` calibrates the step costs first (untimed: ``seed_costs``), then decodes."""
+    code, out, err = run(["generate", "--prompt", "hello world", "--target", tiny["target"], "--draft",
+                          tiny["draft_close"], "--policy", "goodput", "-k", "3", "--max-new-tokens", "10", "--json"],
+                         capsys)
+    assert code == 0, err
+    obj = json.loads(out)
+    assert len(obj["text"]) == 1 and obj["metrics"]["rounds"] > 0
+
+
 def test_generate_batch_and_sampling(tiny, capsys):
     code, out, _ = run(["generate", "--prompt", "abc abc abc", "--target", tiny["target"], "--draft", "ngram",
                         "--batch", "3", "--temperature", "0.9", "--top-p", "0.95", "--seed", "3",

@@ -610,6 +610,19 @@ def test_calibration_rows():
     assert calibration_rows(1, 16, 64) == (1, 2, 4, 8, 16, 32, 64)
 
 
+def test_seed_costs_calibrates_for_adaptive_policies_only(target_lm):
+    """What `speclab generate --policy` and `speclab serve --spec-policy` call before any timed work: an adaptive
+    policy gets every shape it chooses between timed at up to the given rows; fixed k and off get nothing."""
+    from speclab.engine.policies import Fixed, seed_costs
+
+    c = OnlineCosts()
+    spent = seed_costs(Goodput(2), c, target_lm, target_lm, rows=2, context=16)
+    assert spent is not None and spent > 0
+    assert all(c.coverage(n) for n in (1, 2)) and c.round_time(2, 2) is not None
+    assert seed_costs(Fixed(2), OnlineCosts(), target_lm, target_lm, rows=2) is None
+    assert seed_costs(make_policy("off"), OnlineCosts(), target_lm, target_lm, rows=2) is None
+
+
 def test_calibration_is_a_prior_rescaled_by_online_numbers(target_lm):
     c = OnlineCosts()
     spent = c.calibrate(target_lm, target_lm, rows=(1, 2), tokens=(1, 2, 3), context=16, reps=1)

@@ -21,7 +21,7 @@ def seed_costs(policy, costs, target, drafter, rows: int, context: int = 96) -> 
     are timed as they run (:func:`~speclab.engine.costs.time_draft_phases`); other drafters' are learnt online."""
     if policy.name not in ADAPTIVE or policy.k_max == 0:
         return None
-    from .costs import calibration_rows
+    from ..costs import calibration_rows
 
     return costs.calibrate(target, drafter, rows=calibration_rows(rows), tokens=tuple(range(1, policy.k_max + 2)),
                            context=context)
