@@ -571,18 +571,36 @@ def test_a_width_known_at_few_rows_borrows_the_growth_of_one_known_across_them()
 
 def test_calibrated_shapes_are_rescaled_by_their_own_load_level():
     """The online / calibrated ratio learnt at 64 rows does not rescale one row's untried shapes when one row
-    has a ratio of its own; a level never measured takes the nearest level's."""
+    has a ratio of its own; a level never measured takes the nearest level's (of the shape's own kind)."""
     c = OnlineCosts()
     c.set_calibrated({(n, t): 1e-3 * n * t for n in (1, 2, 16, 64) for t in (1, 2, 5)})
     for _ in range(10):
-        c.record_target(64, 1, 2 * 64e-3)  # in the loop, 64 rows run at 2x their calibration
+        c.record_target(64, 2, 2 * 128e-3)  # in the loop, 64 rows run at 2x their calibration
         c.record_target(1, 2, 1.25 * 2e-3)  # one row: 1.25x
     assert c.target_time(64, 5) == pytest.approx(2 * 320e-3)
     assert c.target_time(1, 5) == pytest.approx(1.25 * 5e-3)  # not 2x: its own level's ratio
     assert c.target_time(2, 5) == pytest.approx(1.25 * 10e-3)  # level 2 unmeasured: the nearest, level 1
     assert c.target_time(16, 5) == pytest.approx(2 * 80e-3)  # level 16: the nearest is 64
     snap = c.snapshot()["scale_by_level"]["target"]
-    assert snap["1"] == pytest.approx(1.25) and snap["64"] == pytest.approx(2.0)
+    assert snap["1xmore"] == pytest.approx(1.25) and snap["64xmore"] == pytest.approx(2.0)
+
+
+def test_plain_steps_and_verify_blocks_are_rescaled_apart():
+    """A plain step and a verify block drift from their calibration apart (at 64 rows verify blocks ran 1.37x
+    theirs while plain steps ran at theirs): a plain step only calibrated takes plain steps' ratio, from the
+    nearest level that measured one, not the verify blocks' ratio at its own level. Otherwise a policy that always
+    drafts at 64 rows (and so never times a plain step there) weighs drafting against an inflated plain step."""
+    c = OnlineCosts()
+    c.set_calibrated({(n, t): 1e-3 * n * t for n in (1, 64) for t in (1, 2, 5)})
+    for _ in range(10):
+        c.record_target(64, 5, 1.4 * 320e-3)  # verify blocks at 64 rows: 1.4x
+        c.record_target(1, 1, 1.1 * 1e-3)  # plain steps, measured at one row only: 1.1x
+    assert c.target_time(64, 2) == pytest.approx(1.4 * 128e-3)  # a verify block: its kind at its level
+    assert c.target_time(64, 1) == pytest.approx(1.1 * 64e-3)  # a plain step: plain steps' ratio, from level 1
+    d = OnlineCosts()
+    d.set_calibrated({(n, t): 1e-3 * n * t for n in (1, 64) for t in (1, 2)})
+    d.record_target(64, 2, 1.4 * 128e-3)
+    assert d.target_time(64, 1) == pytest.approx(1.4 * 64e-3)  # no plain step measured anywhere: the other kind's
 
 
 def test_online_costs_copy_learns_apart():

@@ -158,8 +158,10 @@ def test_bench_synthetic_smoke(tmp_path, capsys):
     from speclab.cli import main
 
     out = tmp_path / "synthetic.json"
+    # 24 tokens: the decode phase is what is left after subtracting a prefill-only run, and with 8 it was a few
+    # tens of milliseconds, within the machine's noise (once negative: a negative speedup)
     rc = main(["bench", "--synthetic", "--alphas", "0.5,0.9", "--ks", "1,2", "--batches", "1,2", "--reps", "1",
-               "--prompts-per-workload", "1", "--max-new-tokens", "8", "--threads", "1", "--json", str(out),
+               "--prompts-per-workload", "1", "--max-new-tokens", "24", "--threads", "1", "--json", str(out),
                "--quiet"])
     assert rc == 0
     rep = json.loads(out.read_text())

@@ -94,9 +94,9 @@ def interpolate(xs: list, f, x: float, below_proportional: bool = False) -> floa
 
 class _Grid:
     """Values at (n, T) points: measured online (``val``) and calibrated (``cal``, multiplied by
-    ``scale_of(n)`` when read), with an index by T of the row counts known, for interpolation."""
+    ``scale_of(n, T)`` when read), with an index by T of the row counts known, for interpolation."""
 
-    def __init__(self, scale_of=lambda n: 1.0, below_proportional: bool = False):
+    def __init__(self, scale_of=lambda n, T: 1.0, below_proportional: bool = False):
         self.below_proportional = below_proportional
         self.val: dict[tuple[int, int], float] = {}
         self.cal: dict[tuple[int, int], float] = {}
@@ -117,7 +117,7 @@ class _Grid:
 
     def get(self, n: int, T: int) -> float:
         v = self.val.get((n, T))
-        return v if v is not None else self.cal[(n, T)] * self.scale_of(n)
+        return v if v is not None else self.cal[(n, T)] * self.scale_of(n, T)
 
     def _rows(self, n: int, t: int) -> float | None:
         return interpolate(self.by_T[t], lambda m: self.get(m, t), n)
@@ -160,14 +160,16 @@ class _Grid:
 class OnlineCosts:
     def __init__(self, window: int = 9):
         self.window = window
-        # online / calibrated, for shapes only calibrated: table -> load level -> median of the recent ratios
-        self._scales: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
+        # online / calibrated, for shapes only calibrated: table -> (load level, one token or step?) -> median of the
+        # recent ratios (a plain step and a verify block drift from their calibration apart: at 64 rows verify blocks
+        # ran 1.37x theirs while plain steps ran at theirs)
+        self._scales: dict[str, dict[tuple[int, bool], float]] = {"target": {}, "draft": {}}
         self._target = _Grid(self._scale_of("target"))  # (n, T) -> s
         self._draft = _Grid(self._scale_of("draft"), below_proportional=True)  # (n, steps) -> s for a draft phase
         self._over = _Grid()  # (load level, 1) -> s of per-round work outside the forwards, drafting rounds
         self._over_plain = _Grid()  # the same for rounds without drafts (less to accept, nothing to roll back)
         self._recent: dict[tuple, deque] = {}  # (table, n, T) -> the last `window` samples
-        self._ratios: dict[tuple[str, int], deque] = {}  # (table, load level) -> recent online / calibrated ratios
+        self._ratios: dict[tuple, deque] = {}  # (table, load level, one token?) -> recent online / calibrated ratios
         self._prefill: deque = deque(maxlen=window)  # draft prefill: recent seconds per token
         self.version = 0  # bumped by every record: policies may cache predictions per version
         self.calibration_s = 0.0  # time spent calibrating (outside any timed region)
@@ -191,14 +193,17 @@ class OnlineCosts:
     def _scale_of(self, name: str):
         levels = self._scales[name]
 
-        def scale(n: int) -> float:
-            """The online / calibrated ratio at n's load level, or at the nearest level measured (1: none)."""
+        def scale(n: int, T: int) -> float:
+            """The online / calibrated ratio of shapes of T's kind (one token or step, or more) at n's load level, or
+            at the nearest level where that kind was measured; the other kind's only when that kind never was (1:
+            nothing measured)."""
             if not levels:
                 return 1.0
-            b = row_bucket(n)
-            if b in levels:
-                return levels[b]
-            near = min(levels, key=lambda m: (abs(m.bit_length() - b.bit_length()), m))
+            b, one = row_bucket(n), T == 1
+            if (b, one) in levels:
+                return levels[(b, one)]
+            same = [key for key in levels if key[1] == one] or list(levels)
+            near = min(same, key=lambda key: (abs(key[0].bit_length() - b.bit_length()), key[0], key[1] != one))
             return levels[near]
 
         return scale
@@ -213,11 +218,11 @@ class OnlineCosts:
         if self.frozen:
             return
         cal = grid.cal.get((n, T))
-        if cal:  # online vs calibrated at the same shape: rescale this load level's shapes only calibrated
-            level = row_bucket(n)
-            ratios = self._ratios.setdefault((name, level), deque(maxlen=3 * self.window))
+        if cal:  # online vs calibrated at the same shape: rescale this load level's shapes of its kind only calibrated
+            key = (row_bucket(n), T == 1)
+            ratios = self._ratios.setdefault((name, *key), deque(maxlen=3 * self.window))
             ratios.append(seconds / cal)
-            self._scales[name][level] = statistics.median(ratios)
+            self._scales[name][key] = statistics.median(ratios)
         key = (name, n, T)
         recent = self._recent.get(key)
         if recent is None:
@@ -225,7 +230,7 @@ class OnlineCosts:
         recent.append(seconds)
         # a calibrated shape counts as two samples (at the online/calibrated scale): the first one or two
         # online samples, maybe taken in a burst of load, cannot alone become the estimate
-        prior = [cal * grid.scale_of(n)] * 2 if cal else []
+        prior = [cal * grid.scale_of(n, T)] * 2 if cal else []
         grid.set(n, T, statistics.median([*recent, *prior]))
         self.version += 1
 
@@ -313,7 +318,8 @@ class OnlineCosts:
                     "calibrated_target": {f"{n}x{t}": s for (n, t), s in sorted(self._target.cal.items())},
                     "calibrated_draft": {f"{n}x{t}": s for (n, t), s in sorted(self._draft.cal.items())},
                     "scale": self.scale,
-                    "scale_by_level": {k: {str(n): r for n, r in sorted(v.items())} for k, v in self._scales.items()},
+                    "scale_by_level": {k: {f"{n}x{'1' if one else 'more'}": r for (n, one), r in sorted(v.items())}
+                                       for k, v in self._scales.items()},
                     "calibration_s": self.calibration_s}
 
     # ------------------------------------------------------------------ calibration
