@@ -25,6 +25,16 @@ class GatedRule:
         self._tracker = AcceptanceTracker(self.k_max)
         self._gate = CostGate(self._tracker)
 
+    def _held(self, view: PolicyView) -> list[Choice] | None:
+        """Behind the gate, the k = 0 decision it holds (:class:`~.weighing.OffHold`: the rule is not asked), or None
+        once the tracker has taken the view in (the rule chooses, the gate weighs it)."""
+        if not self.gate:
+            return None
+        held = self._gate.held(view)
+        if held is None:
+            self._tracker.update(view)
+        return held
+
     def _gated(self, view: PolicyView, out: list[Choice], label: str, state: dict,
                width: float | None = None) -> list[Choice]:
         """The rule's choices through the gate (when on; ``width``: see :meth:`CostGate.apply`), after forgetting
@@ -67,10 +77,8 @@ class Heuristic(GatedRule):
     def choose(self, view: PolicyView) -> list[Choice]:
         if self.k_max == 0:
             return [Choice(0, "heuristic: K = 0")] * len(view.rows)
-        if self.gate:
-            if (held := self._gate.held(view)) is not None:
-                return held
-            self._tracker.update(view)
+        if (held := self._held(view)) is not None:
+            return held
         out = [Choice(k, f"heuristic k={k}") for k in (self.row_k(r) for r in view.rows)]
         return self._gated(view, out, "heuristic", self._k)
 
@@ -129,10 +137,8 @@ class Ema(GatedRule):
     def choose(self, view: PolicyView) -> list[Choice]:
         if self.k_max == 0:
             return [Choice(0, "ema: K = 0")] * len(view.rows)
-        if self.gate:
-            if (held := self._gate.held(view)) is not None:
-                return held
-            self._tracker.update(view)
+        if (held := self._held(view)) is not None:
+            return held
         out = []
         for r in view.rows:
             k, ema = self.row_k(r)

@@ -261,9 +261,6 @@ class OffHold:
             self.t0 = t0
         return choices
 
-    def stop(self) -> None:
-        self.left = 0
-
 
 class CostGate:
     """Switches a rule's drafts off for a round when the cost model says they lose to plain decoding:
