@@ -957,6 +957,53 @@ def test_lockstep_runs_configurations_side_by_side(tiny, target_lm):
     assert sum(r.rounds for r in r1) < sum(r.rounds for r in r0)
 
 
+def test_interleave_rotates_and_charges_each_its_own_steps():
+    """One step of each unfinished scheduler per cycle, the first one rotating each cycle from ``offset``; a scheduler
+    already idle is never stepped; each is charged only the clock time of its own steps."""
+    from speclab.analysis.bench_policies import interleave
+
+    order = []
+
+    class Fake:
+        def __init__(self, name, steps):
+            self.name, self.left = name, steps
+
+        @property
+        def idle(self):
+            return self.left == 0
+
+        def step(self):
+            order.append(self.name)
+            self.left -= 1
+
+    scheds = [Fake("a", 3), Fake("b", 1), Fake("c", 0), Fake("d", 2)]
+    ticks = iter(range(10 ** 6))
+    spent = interleave(scheds, clock=lambda: float(next(ticks)), offset=1)
+    # live a, b, d: cycle 1 starts at the 2nd (offset 1); then live a, d: cycle 2 starts at 2 % 2 = the 1st
+    assert order == ["b", "d", "a", "a", "d", "a"]
+    assert spent == [3.0, 1.0, 0.0, 2.0]  # one second per own step (a clock reading before and after each)
+    order.clear()
+    scheds = [Fake("a", 2), Fake("b", 2)]
+    interleave(scheds, offset=0)
+    assert order == ["a", "b", "b", "a"]
+
+
+def test_decoder_scheduler_is_what_generate_drives(tiny, target_lm):
+    """``SpeculativeDecoder.scheduler``: the scheduler ``generate`` would run, prompts submitted, stepped by the caller;
+    its output equals ``generate``'s."""
+    from speclab.engine import SpeculativeDecoder
+
+    dec = SpeculativeDecoder(target_lm, make_drafter(tiny["draft_close"], target_lm))
+    want = dec.generate(PROMPTS[:3], k=3, max_new_tokens=10, record=False, stop_on_eos=False).output_tokens
+    sched, reqs = dec.scheduler(PROMPTS[:3], k=3, max_new_tokens=10, stop_on_eos=False)
+    assert not sched.idle and all(not r.generated for r in reqs)
+    steps = 0
+    while not sched.idle:
+        sched.step()
+        steps += 1
+    assert [r.generated for r in reqs] == want and 0 < steps < 10
+
+
 @pytest.mark.slow
 def test_bench_policies_smoke(tmp_path, capsys):
     from speclab.family import list_models

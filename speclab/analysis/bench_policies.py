@@ -184,8 +184,16 @@ def lockstep(target, runs: list[tuple], prompts: list[list[int]], concurrency: i
     tables = costs if isinstance(costs, list) else [costs] * len(runs)
     scheds, reqs = zip(*[_burst(target, drafter, policy, prompts, concurrency, max_new_tokens, table, seed)
                          for (drafter, policy), table in zip(runs, tables)])
-    spent = [0.0] * len(runs)
-    live = list(range(len(runs)))
+    spent = interleave(scheds, clock, offset)
+    return [(sum(len(r.generated) for r in rs), t, rs) for rs, t in zip(reqs, spent)]
+
+
+def interleave(scheds, clock=time.perf_counter, offset: int = 0) -> list[float]:
+    """Step every scheduler that is not idle once per cycle (the order rotating each cycle, starting at ``offset``)
+    until all are idle; returns the seconds each one's own steps took. Configurations stepped a few milliseconds
+    apart see the same machine speed (see :func:`lockstep`)."""
+    spent = [0.0] * len(scheds)
+    live = [i for i, s in enumerate(scheds) if not s.idle]
     cycle = offset
     while live:
         j = cycle % len(live)
@@ -195,7 +203,7 @@ def lockstep(target, runs: list[tuple], prompts: list[list[int]], concurrency: i
             spent[i] += clock() - t
         live = [i for i in live if not scheds[i].idle]
         cycle += 1
-    return [(sum(len(r.generated) for r in rs), t, rs) for rs, t in zip(reqs, spent)]
+    return spent
 
 
 def run_policies(args) -> int:
@@ -480,19 +488,20 @@ def run_synthetic(args) -> int:
     burn.calibrate(target, None, rows=rows, tokens=(1,), context=ctx, clock=clock, reps=5)
     drafters = {}
     for a in alphas:
-        d = SyntheticDrafter(target, a, c)
-        if drafters:
-            d.oracle = next(iter(drafters.values())).oracle  # one oracle per prompt for every alpha
-        else:
-            d.prepare(used, M, rows=())
-        d.step_costs, d.context, d.clock = burn, ctx, clock  # one cost unit for every alpha, on the bench's clock
-        drafters[a] = d
+        for k in ks:  # one drafter per configuration: configurations run side by side, each row with its own draws
+            d = SyntheticDrafter(target, a, c)
+            if drafters:
+                d.oracle = next(iter(drafters.values())).oracle  # one oracle per prompt for every configuration
+            else:
+                d.prepare(used, M, rows=())
+            d.step_costs, d.context, d.clock = burn, ctx, clock  # one cost unit for all, on the bench's clock
+            drafters[(a, k)] = d
     plain = SpeculativeDecoder(target, None)
-    decs = {a: SpeculativeDecoder(target, d) for a, d in drafters.items()}
+    decs = {key: SpeculativeDecoder(target, d) for key, d in drafters.items()}
     for B in levels:
         grp = groups[B][0]
         plain.generate(grp, k=0, max_new_tokens=4, record=False, stop_on_eos=False)
-        decs[alphas[-1]].generate(grp, k=max(ks), max_new_tokens=4, record=False, stop_on_eos=False)
+        decs[(alphas[-1], max(ks))].generate(grp, k=max(ks), max_new_tokens=4, record=False, stop_on_eos=False)
     prep_s = time.perf_counter() - t0
     log(f"[synthetic] oracles, step costs and warm-up in {prep_s:.1f} s (not timed)")
 
@@ -500,29 +509,31 @@ def run_synthetic(args) -> int:
     times: dict[tuple, list[float]] = {}
     ident: dict[tuple, bool] = {}
     acc: dict[tuple, list[int]] = {}
-    ref: dict[int, list] = {}
     shapes = []  # per repetition: target forward times by (rows, tokens), timed between the runs
     t_run = time.perf_counter()
     for rep in range(g["reps"]):
         for B in levels:
-            for label, a, k in configs:
-                dec = plain if a is None else decs[a]
-                n_new = 1 if label == "prefill" else M
-                spent, outs, d_n, a_n = 0.0, [], 0, 0
-                for i, grp in enumerate(groups[B]):
-                    t = clock()
-                    res = dec.generate(grp, k=k, max_new_tokens=n_new, seed=args.seed + i, record=False,
-                                       stop_on_eos=False)
-                    spent += clock() - t
-                    outs.append(res.output_tokens)
-                    d_n += sum(r.drafted for r in res.requests)
-                    a_n += sum(r.accepted for r in res.requests)
-                times.setdefault((B, label), []).append(spent)
-                acc[(B, label)] = [d_n, a_n]
-                if label == "plain":
-                    ref[B] = outs
-                elif label != "prefill":
-                    ident[(B, label)] = ident.get((B, label), True) and outs == ref.get(B, outs)
+            # every configuration of a group runs interleaved step by step (:func:`interleave`): this machine's
+            # speed drifts by tens of percent over seconds, so configurations run one after another measured
+            # speedups whose repetitions disagreed by 24% in the median cell
+            spent = {label: 0.0 for label, _, _ in configs}
+            outs = {label: [] for label, _, _ in configs}
+            counts = {label: [0, 0] for label, _, _ in configs}
+            for i, grp in enumerate(groups[B]):
+                runs = [(plain if a is None else decs[(a, k)]).scheduler(
+                    grp, k=k, max_new_tokens=1 if label == "prefill" else M, seed=args.seed + i, stop_on_eos=False)
+                    for label, a, k in configs]
+                took = interleave([sched for sched, _ in runs], clock, offset=rep + i)
+                for (label, _, _), (_, reqs), t in zip(configs, runs, took):
+                    spent[label] += t
+                    outs[label].append([list(r.generated) for r in reqs])
+                    counts[label][0] += sum(r.drafted for r in reqs)
+                    counts[label][1] += sum(r.accepted for r in reqs)
+            for label, _, _ in configs:
+                times.setdefault((B, label), []).append(spent[label])
+                acc[(B, label)] = counts[label]
+                if label not in ("plain", "prefill"):
+                    ident[(B, label)] = ident.get((B, label), True) and outs[label] == outs["plain"]
         shapes.append(time_shapes(target, rows, widths, ctx, 3, clock=clock))
         log(f"[synthetic] repetition {rep + 1}/{g['reps']} done ({time.perf_counter() - t_run:.0f} s)")
 
