@@ -80,7 +80,8 @@ class SpeculativeDecoder:
                   stop: Sequence[str] = ()) -> tuple[Scheduler, list[Request]]:
         """The scheduler :meth:`generate` would drive, with every prompt submitted, and its requests: for callers that
         step several runs themselves (benchmarks interleave configurations step by step). Nothing runs until its
-        ``step()`` is called; done when its ``idle`` is true."""
+        ``step()`` is called; done when its ``idle`` is true. Subscribers get RunStarted and the rounds' events, but
+        no RunFinished (that belongs to the loop that drives it)."""
         return self._run(prompts, k, max_new_tokens, temperature, top_k, top_p, seed, stop_on_eos, policy, stop)
 
     def stream(self, prompts, k: int = 4, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
