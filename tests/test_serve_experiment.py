@@ -135,8 +135,35 @@ def test_median_cell_keeps_the_median_repetition():
     from speclab.analysis.serve_experiment import median_cell
 
     reps = [{"tok_s": 300.0, "call": "a"}, {"tok_s": None, "call": "failed"}, {"tok_s": 280.0, "call": "b"}]
-    assert median_cell(reps) == {"tok_s": 280.0, "call": "b", "tok_s_reps": [300.0, None, 280.0]}
+    assert median_cell(reps) == {"tok_s": 280.0, "call": "b", "tok_s_reps": [300.0, None, 280.0],
+                                 "tok_s_median_rep": 280.0}  # no summaries to pool: the median repetition's
     assert median_cell(reps[:1])["call"] == "a" and median_cell([reps[0], reps[2]])["call"] == "b"
+
+
+def test_median_cell_pools_throughput_over_repetitions():
+    from speclab.analysis.serve_experiment import median_cell, pooled_tok_s
+
+    def rep(tokens, secs, call):
+        return {"tok_s": tokens / secs, "call": call, "summary": {"output_tokens": tokens, "duration_s": secs}}
+
+    reps = [rep(300, 3.0, "a"), rep(100, 2.0, "b"), rep(240, 3.0, "c")]  # 100, 50 and 80 tok/s
+    cell = median_cell(reps)
+    assert cell["call"] == "c" and cell["tok_s_median_rep"] == 80.0  # latencies and pacing: the median repetition
+    assert cell["tok_s"] == pytest.approx(640 / 8.0)  # every token over every second, not the mean of rates (76.7)
+    assert cell["tok_s_reps"] == [100.0, 50.0, 80.0]
+    assert pooled_tok_s([rep(300, 3.0, "a"), {"tok_s": None, "summary": {"output_tokens": None}}]) is None
+
+
+def test_throughput_check_pairs_repetitions():
+    cells = [_cell("p", "plain", 1, "smooth", tok_s=100), _cell("f", "fixed", 1, "bursty", tok_s=150),
+             _cell("a", "adaptive", 1, "bursty", tok_s=144)]
+    cells[0]["tok_s_reps"] = [100, 90, 110]
+    cells[1]["tok_s_reps"] = [150, 140, None]
+    cells[2]["tok_s_reps"] = [144, 126, 99]
+    row = J.throughput_checks(cells, "p", "f")[0]
+    assert row["rep_ratios"] == pytest.approx([0.96, 0.9, 0.9])  # each against the better one of its own turn
+    assert row["rep_ratio_median"] == pytest.approx(0.9)
+    assert J.rep_ratios([1.0], [[1.0]]) == []
 
 
 def test_configs_and_vllm_table():
@@ -183,7 +210,8 @@ def test_tiny_experiment_on_speclab_serve(tmp_path, capsys):
     for c in res["cells"]:
         assert c["failed"] == 0 and c["completed"] == 4 and c["tok_s"] > 0 and len(c["requests"]) == 4
         assert {"call", "fingerprint", "summary", "server_metrics", "inside", "tpot_p95_ms"} <= set(c)
-        assert len(c["tok_s_reps"]) == 2 and c["tok_s"] == min(c["tok_s_reps"])  # the lower middle of two
+        assert len(c["tok_s_reps"]) == 2 and c["tok_s_median_rep"] == min(c["tok_s_reps"])  # the lower middle
+        assert min(c["tok_s_reps"]) <= c["tok_s"] <= max(c["tok_s_reps"])  # pooled over both
     verdicts = {v["server"]: v["verdict"] for v in res["verdicts"]}
     assert verdicts == want, res["verdicts"]
     for c in (1, 4):  # one token per chunk: the gaps alone carried the evidence

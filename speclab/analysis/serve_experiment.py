@@ -75,7 +75,7 @@ class ExperimentSpec:
     min_requests: int = 8
     per_client: int = 1
     max_tokens: int = 32
-    reps: int = 1  # repetitions of each cell (every server in turn); the one with the median tokens/s stands for it
+    reps: int = 1  # repetitions of each cell (every server in turn; see median_cell)
     seed: int = 0
     threads: int = 1
     speclab: bool = True
@@ -144,15 +144,17 @@ def vllm_configs(spec: ExperimentSpec) -> list[ServerConfig]:
 
 
 def measure(url: str, cfg: ServerConfig, workload: str, c: int, spec: ExperimentSpec, prompts: list, *,
-            warmup: int = 0, model: str | None = None, tokenizer: str | None = None) -> dict:
-    """One cell: ``speclab load`` at concurrency ``c`` against ``url``; JSON-ready."""
+            warmup: int = 0, model: str | None = None, tokenizer: str | None = None, rep: int = 0) -> dict:
+    """One cell: ``speclab load`` at concurrency ``c`` against ``url``; JSON-ready. Repetition ``rep`` takes its
+    prompts in the order of seed ``spec.seed + rep``: every server and level of a repetition sends the same
+    requests, and repetitions cover more of the workload than one order repeated."""
     from ..load import Endpoint, LoadSpec, concurrency_levels, run
     from ..load.report import level_rows
 
     extra = {"return_token_ids": True} if cfg.engine == "vllm" else {}
     ep = Endpoint(url, model=model, max_tokens=spec.max_tokens, temperature=0.0, timeout=spec.timeout, extra=extra)
     ls = LoadSpec(levels=concurrency_levels(str(c)), prompts=prompts, num_requests=spec.n_requests(c),
-                  seed=spec.seed, warmup=warmup, quiet=True, tokenizer=tokenizer)
+                  seed=spec.seed + rep, warmup=warmup, quiet=True, tokenizer=tokenizer)
     level = run(ep, ls)["levels"][0]
     row = level_rows({"levels": [level]})[0]
     completed = level["summary"]["completed"]
@@ -228,7 +230,7 @@ def _run_speclab(configs: list[ServerConfig], levels: list[int], spec: Experimen
         for wl in spec.workloads:
             for c in levels:
                 reps: dict[str, list] = {}
-                for _ in range(spec.reps):
+                for r in range(spec.reps):
                     order = configs[turn % len(configs):] + configs[:turn % len(configs)]
                     turn += 1
                     for cfg in order:
@@ -236,7 +238,7 @@ def _run_speclab(configs: list[ServerConfig], levels: list[int], spec: Experimen
                         warm.add(cfg.name)
                         reps.setdefault(cfg.name, []).append(
                             measure(servers[cfg.name].url, cfg, wl, c, spec, prompts[wl], warmup=w,
-                                    tokenizer=spec.target))
+                                    tokenizer=spec.target, rep=r))
                 for cfg in configs:
                     cell = median_cell(reps[cfg.name])
                     cells.append(cell)
@@ -246,11 +248,27 @@ def _run_speclab(configs: list[ServerConfig], levels: list[int], spec: Experimen
 
 
 def median_cell(measured: list[dict]) -> dict:
-    """Of one cell's repetitions, the one :func:`~.bench_serve.median_rep` keeps (the median tokens/s), with every
-    repetition's tokens/s as ``tok_s_reps``."""
+    """One cell from its repetitions: the one :func:`~.bench_serve.median_rep` keeps (the median tokens/s) for
+    latencies, pacing and counters, with ``tok_s`` the throughput over all of them (:func:`pooled_tok_s`: every
+    output token over every repetition's duration, as one run interleaved with the other servers would read),
+    ``tok_s_median_rep`` the kept one's and ``tok_s_reps`` each repetition's, in order (repetition r of every
+    server ran in the same turn, close in time)."""
     from .bench_serve import median_rep
 
-    return dict(median_rep(measured, tok_s=lambda m: m["tok_s"]), tok_s_reps=[m["tok_s"] for m in measured])
+    kept = median_rep(measured, tok_s=lambda m: m["tok_s"])
+    pooled = pooled_tok_s(measured)
+    return dict(kept, tok_s=kept["tok_s"] if pooled is None else pooled, tok_s_median_rep=kept["tok_s"],
+                tok_s_reps=[m["tok_s"] for m in measured])
+
+
+def pooled_tok_s(measured: list[dict]) -> float | None:
+    """Output tokens over seconds, summed over a cell's repetitions; None when a repetition lacks either.
+    e.g. 300 tokens in 3 s and 100 in 2 s -> 80 tok/s (the mean of 100 and 50 would say 75)."""
+    tokens = [(m.get("summary") or {}).get("output_tokens") for m in measured]
+    secs = [(m.get("summary") or {}).get("duration_s") for m in measured]
+    if not measured or None in tokens or None in secs or sum(secs) <= 0:
+        return None
+    return sum(tokens) / sum(secs)
 
 
 def _progress(cell: dict) -> str:
@@ -298,7 +316,8 @@ def _run_vllm(configs: list[ServerConfig], spec: ExperimentSpec, prompts: dict, 
                 for i, c in enumerate(spec.levels):
                     cell = median_cell([measure(srv.url, cfg, wl, c, spec, prompts[wl],
                                                 warmup=1 if wl == spec.workloads[0] and i == 0 and r == 0 else 0,
-                                                model=model_dir, tokenizer=model_dir) for r in range(spec.reps)])
+                                                model=model_dir, tokenizer=model_dir, rep=r)
+                                        for r in range(spec.reps)])
                     cells.append(cell)
                     log(_progress(cell))
             time.sleep(2 * VLLM_LOG_INTERVAL + 1.0)  # the engine logs what it counted since its last line

@@ -152,7 +152,10 @@ def verdict_check(role: str, cells: list[dict], verdict: str) -> dict:
 
 def throughput_checks(cells: list[dict], plain: str, fixed: str, target: float = THROUGHPUT_TARGET) -> list[dict]:
     """Each adaptive server's tokens/s against the better of ``plain`` and ``fixed`` (server names) at the
-    same workload and level (split-token runs are not timed against anything)."""
+    same workload and level (split-token runs are not timed against anything). A cell's ``tok_s`` is its
+    throughput over every repetition; with repetitions, ``rep_ratios`` adds the same ratio repetition by
+    repetition (each repetition ran every server in one turn) and ``rep_ratio_median`` their median, as
+    evidence of how far the machine's drift moves the pooled ratio."""
     by = {(c["server"], c["workload"], c["concurrency"]): c for c in cells if not c.get("split")}
     out = []
     for c in cells:
@@ -164,9 +167,25 @@ def throughput_checks(cells: list[dict], plain: str, fixed: str, target: float =
             continue
         best = max(refs)
         ratio = c["tok_s"] / best
+        paired = rep_ratios(c.get("tok_s_reps"), [x.get("tok_s_reps") for x in (p, f) if x])
         out.append({"server": c["server"], "workload": c["workload"], "concurrency": c["concurrency"],
                     "tok_s": c["tok_s"], "plain_tok_s": p and p.get("tok_s"), "fixed_tok_s": f and f.get("tok_s"),
-                    "ratio_to_best": ratio, "ok": ratio >= target})
+                    "ratio_to_best": ratio, "ok": ratio >= target, "rep_ratios": paired,
+                    "rep_ratio_median": sorted(paired)[(len(paired) - 1) // 2] if paired else None})
+    return out
+
+
+def rep_ratios(own: list | None, refs: list) -> list[float]:
+    """Repetition by repetition, ``own`` tokens/s over the best of the references' in the same repetition
+    (repetitions missing a number are left out; fewer than two repetitions: []).
+    e.g. own [90, 110], refs [[100, 100], [80, 120]] -> [0.9, 0.9167]."""
+    if not own or len(own) < 2:
+        return []
+    out = []
+    for i, t in enumerate(own):
+        best = max((r[i] for r in refs if r and i < len(r) and r[i]), default=None)
+        if t is not None and best:
+            out.append(t / best)
     return out
 
 

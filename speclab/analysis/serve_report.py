@@ -93,6 +93,12 @@ def crossover_lines(result: dict) -> list[str]:
     return lines
 
 
+def rep_note(r: dict) -> str:
+    """A throughput check row's repetition-by-repetition ratios, e.g. '  (by repetition 0.91, 1.02, 0.97)'."""
+    paired = r.get("rep_ratios") or []
+    return f"  (by repetition {', '.join(f'{x:.2f}' for x in paired)})" if paired else ""
+
+
 def check_lines(result: dict) -> list[str]:
     checks, summ = result["checks"], result["check_summary"]
     meaning = {"pacing": "every policy x load cell reads as the server behaved",
@@ -110,17 +116,23 @@ def check_lines(result: dict) -> list[str]:
             elif name == "throughput":
                 lines.append(f"      {r['server']} {r['workload']} c={r['concurrency']}: {r['tok_s']:.1f} tok/s = "
                              f"{r['ratio_to_best']:.2f}x the better of plain {num(r['plain_tok_s'])} and fixed "
-                             f"{num(r['fixed_tok_s'])}")
+                             f"{num(r['fixed_tok_s'])}" + rep_note(r))
             elif name == "acceptance":
                 lines.append(f"      {r['server']} {r.get('workload', '')} {r.get('concurrency', '')}: {r}")
         if len(bad) > 12:
             lines.append(f"      ... and {len(bad) - 12} more")
     by_server: dict[str, list] = {}
+    target = result["thresholds"]["throughput_target"]
     for r in checks["throughput"]:
-        by_server.setdefault(r["server"], []).append(r["ratio_to_best"])
-    for server, ratios in by_server.items():
-        lines.append(f"  {server}: tok/s / best of plain and fixed k: min {min(ratios):.2f}, "
-                     f"median {sorted(ratios)[len(ratios) // 2]:.2f} over {len(ratios)} cells")
+        by_server.setdefault(r["server"], []).append(r)
+    for server, rows in by_server.items():
+        ratios = sorted(r["ratio_to_best"] for r in rows)
+        paired = sorted(r["rep_ratio_median"] for r in rows if r.get("rep_ratio_median") is not None)
+        lines.append(f"  {server}: tok/s / best of plain and fixed k: min {ratios[0]:.2f}, "
+                     f"median {ratios[len(ratios) // 2]:.2f} over {len(ratios)} cells"
+                     + (f"; repetition by repetition (median per cell): min {paired[0]:.2f}, "
+                        f"{sum(1 for x in paired if x >= target)}/{len(paired)} cells at the target"
+                        if paired else ""))
     for r in checks["acceptance"]:
         if "engine_log_accepted" in r:
             lines.append(f"  {r['server']}: /metrics since start accepted {num(r['scraped_accepted'], '.0f')} of "
