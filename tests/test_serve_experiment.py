@@ -179,6 +179,30 @@ def test_configs_and_vllm_table():
                                                     "speclab batch-table split"]
     with pytest.raises(SpeclabError, match="unknown policy"):
         speclab_configs(ExperimentSpec(policies=["nope"]))
+    ctl = speclab_configs(ExperimentSpec(policies=[], control=True))
+    assert [(c.name, c.role, c.control, c.spec) for c in ctl[:2]] == [("speclab plain", "plain", False, None),
+                                                                      ("speclab plain (control)", "plain", True, None)]
+    assert [c.name for c in split_configs(ctl)] == ["speclab fixed k=4 split"]  # no split copy of a plain server
+
+
+def test_control_rows_and_the_throughput_rows_they_annotate():
+    from speclab.analysis.serve_experiment import CONTROL
+
+    def cell(server, role, conc, tok_s, reps, control=False):
+        return dict(_cell(server, role, conc, "smooth" if role == "plain" else "bursty", tok_s=tok_s),
+                    tok_s_reps=reps, control=control, engine="speclab")
+
+    cells = [cell("p", "plain", 1, 100, [100, 100]), cell(CONTROL, "plain", 1, 92, [90, 94], control=True),
+             cell("f", "fixed", 1, 150, [150, 150]), cell("a", "adaptive", 1, 141, [140, 142]),
+             cell("p", "plain", 8, 300, [310, 290]), cell(CONTROL, "plain", 8, 303, [300, 306], control=True)]
+    rows = J.control_rows(cells, "p", CONTROL)
+    assert [(r["workload"], r["concurrency"]) for r in rows] == [("json", 1), ("json", 8)]
+    assert rows[0]["ratio"] == pytest.approx(0.92) and rows[0]["rep_ratios"] == pytest.approx([0.9, 0.94])
+    assert rows[1]["ratio"] == pytest.approx(1.01) and rows[1]["rep_ratio_median"] == pytest.approx(300 / 310)
+    tp = J.throughput_checks(cells, "p", "f")
+    J.attach_control(tp, rows)
+    assert len(tp) == 1 and tp[0]["control_ratio"] == pytest.approx(0.92) and tp[0]["ok"] is False  # 141/150
+    assert J.control_rows([c for c in cells if not c["control"]], "p", CONTROL) == []
 
 
 # ---------------------------------------------------------------- a tiny real run against speclab serve
@@ -193,11 +217,12 @@ def test_tiny_experiment_on_speclab_serve(tmp_path, capsys):
     if resolve(DEFAULT_TARGET) is None:
         pytest.skip("family weights not present")
     out = tmp_path / "exp.json"
-    want = {"speclab plain": "plain", "speclab fixed k=4": "speculative", "speclab fixed k=4 split": "speculative"}
+    want = {"speclab plain": "plain", "speclab plain (control)": "plain", "speclab fixed k=4": "speculative",
+            "speclab fixed k=4 split": "speculative"}
     for _ in range(2):  # pacing read from a client sharing a busy 2-core machine: one rerun before a misread fails
         rc = main(["bench", "--serve-experiment", "--no-vllm", "--policy-list", "none", "--workload", "json",
                    "--concurrency", "1,4", "--requests", "4", "--max-new-tokens", "24", "--reps", "2", "--quiet",
-                   "--json", str(out), "--charts", str(tmp_path / "charts")])
+                   "--control", "--json", str(out), "--charts", str(tmp_path / "charts")])
         assert rc == 0
         text = capsys.readouterr().out
         res = json.loads(out.read_text())
@@ -205,8 +230,8 @@ def test_tiny_experiment_on_speclab_serve(tmp_path, capsys):
             break
     assert {"settings", "thresholds", "cells", "verdicts", "checks", "check_summary", "crossover", "wall_s"} <= set(res)
     cells = {(c["server"], c["concurrency"]): c for c in res["cells"]}
-    assert set(cells) == {(s, c) for s in ("speclab plain", "speclab fixed k=4", "speclab fixed k=4 split")
-                          for c in (1, 4)}
+    assert set(cells) == {(s, c) for s in ("speclab plain", "speclab plain (control)", "speclab fixed k=4",
+                                           "speclab fixed k=4 split") for c in (1, 4)}
     for c in res["cells"]:
         assert c["failed"] == 0 and c["completed"] == 4 and c["tok_s"] > 0 and len(c["requests"]) == 4
         assert {"call", "fingerprint", "summary", "server_metrics", "inside", "tpot_p95_ms"} <= set(c)
@@ -219,12 +244,14 @@ def test_tiny_experiment_on_speclab_serve(tmp_path, capsys):
         assert cells[("speclab fixed k=4", c)]["inside"]["accepted_per_round"] > J.SPEC_ON
         assert cells[("speclab plain", c)]["inside"]["accepted_per_round"] == 0
     summ = res["check_summary"]
-    assert summ["pacing"] == {"passed": 6, "total": 6, "ok": True}
-    assert summ["verdict"] == {"passed": 3, "total": 3, "ok": True}
+    assert summ["pacing"] == {"passed": 8, "total": 8, "ok": True}
+    assert summ["verdict"] == {"passed": 4, "total": 4, "ok": True}
     assert summ["acceptance"]["ok"] and summ["acceptance"]["total"] == 4  # the speculative cells, exact
     assert summ["throughput"]["total"] == 0  # no adaptive server here
     assert set(res["crossover"]["speclab"]["by_workload"]["json"]["speedup"]) == {"1", "4"}
     assert "workload json" in text and "verdicts" in text and "crossover speclab json" in text
+    assert [(r["concurrency"], len(r["rep_ratios"])) for r in res["control"]] == [(1, 2), (4, 2)]
+    assert all(r["ratio"] > 0 for r in res["control"]) and "A/A control" in text
     assert {p.name for p in (tmp_path / "charts").iterdir()} == {"serve_speclab_json.html", "pacing_speclab_json.html",
                                                                  "calls.html"}
 

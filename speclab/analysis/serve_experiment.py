@@ -50,7 +50,8 @@ VLLM_KINDS = ("plain", "fixed", "ngram", "batch-table")
 @dataclass(frozen=True)
 class ServerConfig:
     """One server to start: ``engine`` "speclab" or "vllm"; ``role`` "plain", "fixed", "lookup" (n-gram)
-    or "adaptive"; ``spec`` the speculative config (None: plain); ``policy`` speclab's --spec-policy."""
+    or "adaptive"; ``spec`` the speculative config (None: plain); ``policy`` speclab's --spec-policy;
+    ``control``: a second plain server, the A/A control (:func:`~.serve_judge.control_rows`)."""
 
     name: str
     engine: str
@@ -58,6 +59,10 @@ class ServerConfig:
     spec: dict | None = None
     policy: str | None = None
     split: bool = False
+    control: bool = False
+
+
+CONTROL = "speclab plain (control)"
 
 
 @dataclass
@@ -76,6 +81,7 @@ class ExperimentSpec:
     per_client: int = 1
     max_tokens: int = 32
     reps: int = 1  # repetitions of each cell (every server in turn; see median_cell)
+    control: bool = False  # a second plain speclab server in the rotation: how far two identical servers read apart
     seed: int = 0
     threads: int = 1
     speclab: bool = True
@@ -94,8 +100,10 @@ def speclab_configs(spec: ExperimentSpec) -> list[ServerConfig]:
     from ..engine.policies import POLICIES
 
     draft = {"method": "draft_model", "model": spec.draft, "num_speculative_tokens": spec.k}
-    out = [ServerConfig("speclab plain", "speclab", "plain"),
-           ServerConfig(f"speclab fixed k={spec.k}", "speclab", "fixed", draft)]
+    out = [ServerConfig("speclab plain", "speclab", "plain")]
+    if spec.control:
+        out.append(ServerConfig(CONTROL, "speclab", "plain", control=True))
+    out.append(ServerConfig(f"speclab fixed k={spec.k}", "speclab", "fixed", draft))
     for p in spec.policies:
         name = p.strip().lower().replace("_", "-")
         if name in ("off", "fixed"):
@@ -169,6 +177,7 @@ def measure(url: str, cfg: ServerConfig, workload: str, c: int, spec: Experiment
         inside = judge.inside_metrics(level.get("server"), completed)
     fp = level["fingerprint"]
     return {"server": cfg.name, "engine": cfg.engine, "role": cfg.role, "policy": cfg.policy, "split": cfg.split,
+            "control": cfg.control,
             "workload": workload, "concurrency": c, **{k: v for k, v in row.items() if k not in ("load", "kind")},
             "call": fp["call"], "accepted_length_estimate": fp["accepted_length_estimate"],
             "estimate_from": fp["estimate_from"], "mean_tokens_per_chunk": fp["mean_tokens_per_chunk"],
@@ -378,17 +387,20 @@ def judge_result(cells: list[dict], spec: ExperimentSpec, vllm_acceptance: list 
         v = verdict([(f"concurrency {c['concurrency']}", c["concurrency"], c["fingerprint"]) for c in cs])
         verdicts.append({"server": server, "workload": wl, "split": cs[0]["split"], **v})
         vchecks.append(judge.verdict_check(cs[0]["role"], cs, v["verdict"]))
-    throughput, cross = [], {}
+    throughput, cross, control = [], {}, []
     for engine in ("speclab", "vllm"):
         names = {c["role"]: c["server"] for c in cells if c["engine"] == engine and not c["split"]
-                 and c["role"] in ("plain", "fixed")}
+                 and c["role"] in ("plain", "fixed") and not c.get("control")}
         if "plain" in names and "fixed" in names:
             throughput += judge.throughput_checks([c for c in cells if c["engine"] == engine], names["plain"],
                                                   names["fixed"])
+        if "plain" in names and engine == "speclab":
+            control = judge.control_rows(cells, names["plain"], CONTROL)
             rows = [{"workload": c["workload"], "concurrency": c["concurrency"], "server": c["server"],
                      "tok_s": c["tok_s"]} for c in cells if c["engine"] == engine and not c["split"]]
             cross[engine] = {"plain": names["plain"], "fixed": names["fixed"],
                              "by_workload": crossover(rows, names["plain"], names["fixed"])}
+    judge.attach_control(throughput, control)
     acceptance = [a for a in (judge.speclab_acceptance_check(c) for c in cells if c["role"] != "plain") if a]
     acceptance += vllm_acceptance or []
     checks = {"pacing": [judge.pacing_check(c) for c in cells], "verdict": vchecks, "throughput": throughput,
@@ -396,7 +408,7 @@ def judge_result(cells: list[dict], spec: ExperimentSpec, vllm_acceptance: list 
     return {"settings": asdict(spec), "thresholds": {"spec_on": judge.SPEC_ON, "spec_off": judge.SPEC_OFF,
                                                      "throughput_target": judge.THROUGHPUT_TARGET},
             "cells": cells, "verdicts": verdicts, "checks": checks, "check_summary": judge.summarize_checks(checks),
-            "crossover": cross}
+            "control": control, "crossover": cross}
 
 
 # ------------------------------------------------------------------------------------------ the command
@@ -417,6 +429,9 @@ def add_arguments(b) -> None:
                    "adaptive policies besides plain and fixed k, default every one; 'none' for neither)")
     b.add_argument("--no-speclab", action="store_true", help="--serve-experiment: only vLLM")
     b.add_argument("--no-split", action="store_true", help="--serve-experiment: no --stream-split-tokens servers")
+    b.add_argument("--control", action="store_true",
+                   help="--serve-experiment: add a second plain speclab server to the rotation (the A/A control): "
+                        "how far two identical servers read apart in each cell, beside the throughput check")
     b.add_argument("--vllm-eager", action="store_true",
                    help="--serve-experiment: start vLLM with --enforce-eager (no torch.compile warm-up: each server "
                         "starts ~25 s sooner on 2 cores but runs slower; for checking verdicts and counters, not for "
@@ -443,7 +458,7 @@ def spec_from_args(args) -> ExperimentSpec:
         workloads=workload_names(args.workload) if args.workload else list(WORKLOADS), levels=levels,
         split_levels=levels if full else None, split=not args.no_split,
         requests=args.requests, min_requests=16 if full else 8, per_client=2 if full else 1, max_tokens=max_tokens,
-        reps=max(1, args.reps or 1),
+        reps=max(1, args.reps or 1), control=bool(getattr(args, "control", False)),
         seed=args.seed, threads=args.threads or 1, speclab=not args.no_speclab, vllm=not args.no_vllm,
         vllm_venv=args.vllm_venv, vllm_eager=args.vllm_eager,
         vllm_kinds=[k.strip() for k in args.vllm_configs.split(",")] if args.vllm_configs else list(VLLM_KINDS))

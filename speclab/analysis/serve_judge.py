@@ -28,7 +28,9 @@ servers bursty at every level whatever they accepted; adaptive and n-gram server
   levels say (adaptive when it switched off as load rose; a level in the ambiguous band may go either
   way, so any verdict those choices allow is accepted);
 * ``throughput``: each adaptive server's output tokens/s at each level >= ``THROUGHPUT_TARGET`` (0.95)
-  x the better of plain and fixed k on the same engine and workload (the issue's target);
+  x the better of plain and fixed k on the same engine and workload (the issue's target); with the A/A
+  control (a second plain server in the rotation, :func:`control_rows`), each row also carries how far two
+  identical servers read apart in that cell;
 * ``acceptance``: the scraped ``/metrics`` window equals the engine's own counters: for speclab the sums
   of the per-request figures in the responses (accepted and drafted tokens, exact); for vLLM the sums of
   its engine log lines (``SpecDecoding metrics: ... Accepted: N tokens, Drafted: M tokens``) against the
@@ -187,6 +189,31 @@ def rep_ratios(own: list | None, refs: list) -> list[float]:
         if t is not None and best:
             out.append(t / best)
     return out
+
+
+def control_rows(cells: list[dict], plain: str, control: str) -> list[dict]:
+    """The A/A control: per workload and level, a second plain server (``control``, the same configuration as
+    ``plain``, in the same rotation) over ``plain``: pooled and repetition by repetition. Identical servers read
+    1.0 on a quiet machine; how far they read apart is how finely the throughput check can tell servers apart
+    in this run. [] without control cells."""
+    by = {(c["server"], c["workload"], c["concurrency"]): c for c in cells if not c.get("split")}
+    out = []
+    for (server, wl, conc), c in by.items():
+        p = by.get((plain, wl, conc))
+        if server != control or p is None or not p.get("tok_s") or c.get("tok_s") is None:
+            continue
+        paired = rep_ratios(c.get("tok_s_reps"), [p.get("tok_s_reps")])
+        out.append({"workload": wl, "concurrency": conc, "ratio": c["tok_s"] / p["tok_s"], "rep_ratios": paired,
+                    "rep_ratio_median": sorted(paired)[(len(paired) - 1) // 2] if paired else None})
+    return out
+
+
+def attach_control(throughput: list[dict], control: list[dict]) -> None:
+    """Give each throughput check row its cell's control ratio (``control_ratio``: the A/A control's plain
+    over plain at the same workload and level; None without one)."""
+    by = {(r["workload"], r["concurrency"]): r["ratio"] for r in control}
+    for r in throughput:
+        r["control_ratio"] = by.get((r["workload"], r["concurrency"]))
 
 
 def speclab_acceptance_check(cell: dict) -> dict | None:

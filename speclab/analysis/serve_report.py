@@ -99,6 +99,20 @@ def rep_note(r: dict) -> str:
     return f"  (by repetition {', '.join(f'{x:.2f}' for x in paired)})" if paired else ""
 
 
+def control_lines(control: list[dict], target: float) -> list[str]:
+    """The A/A control's summary: a second plain server over plain, per cell (pooled, and the widest repetition)."""
+    if not control:
+        return []
+    dev = sorted(abs(1.0 - r["ratio"]) for r in control)
+    below = sum(1 for r in control if r["ratio"] < target)
+    cells = ", ".join(f"{r['workload']} c={r['concurrency']} {r['ratio']:.2f}" for r in control)
+    widest = max((abs(1.0 - x) for r in control for x in r["rep_ratios"]), default=None)
+    return [f"  A/A control (a second plain server): plain / plain {cells}",
+            f"    two identical servers read apart by median {dev[len(dev) // 2]:.1%}, at most {dev[-1]:.1%} per cell"
+            + (f" ({widest:.0%} in one repetition)" if widest is not None else "")
+            + f"; {below} of {len(control)} cells would fail the {target:.2f}x throughput check"]
+
+
 def check_lines(result: dict) -> list[str]:
     checks, summ = result["checks"], result["check_summary"]
     meaning = {"pacing": "every policy x load cell reads as the server behaved",
@@ -116,7 +130,8 @@ def check_lines(result: dict) -> list[str]:
             elif name == "throughput":
                 lines.append(f"      {r['server']} {r['workload']} c={r['concurrency']}: {r['tok_s']:.1f} tok/s = "
                              f"{r['ratio_to_best']:.2f}x the better of plain {num(r['plain_tok_s'])} and fixed "
-                             f"{num(r['fixed_tok_s'])}" + rep_note(r))
+                             f"{num(r['fixed_tok_s'])}" + rep_note(r)
+                             + (f"; control {r['control_ratio']:.2f}" if r.get("control_ratio") else ""))
             elif name == "acceptance":
                 lines.append(f"      {r['server']} {r.get('workload', '')} {r.get('concurrency', '')}: {r}")
         if len(bad) > 12:
@@ -133,6 +148,7 @@ def check_lines(result: dict) -> list[str]:
                      + (f"; repetition by repetition (median per cell): min {paired[0]:.2f}, "
                         f"{sum(1 for x in paired if x >= target)}/{len(paired)} cells at the target"
                         if paired else ""))
+    lines += control_lines(result.get("control") or [], target)
     for r in checks["acceptance"]:
         if "engine_log_accepted" in r:
             lines.append(f"  {r['server']}: /metrics since start accepted {num(r['scraped_accepted'], '.0f')} of "
