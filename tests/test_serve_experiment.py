@@ -205,6 +205,18 @@ def test_control_rows_and_the_throughput_rows_they_annotate():
     assert J.control_rows([c for c in cells if not c["control"]], "p", CONTROL) == []
 
 
+def test_control_lines_count_a_failure_either_way():
+    from speclab.analysis.serve_report import control_lines
+
+    rows = [{"workload": "json", "concurrency": 1, "ratio": 1.09, "rep_ratios": [1.3, 0.9]},
+            {"workload": "json", "concurrency": 4, "ratio": 0.99, "rep_ratios": []},
+            {"workload": "code", "concurrency": 1, "ratio": 0.94, "rep_ratios": []}]
+    text = "\n".join(control_lines(rows, 0.95))
+    assert "at most 9.0% per cell (30% in one repetition)" in text  # 1.09 and 0.94: 1/1.09 = 0.917 fails too
+    assert "in 2 of 3 cells" in text and "median 6.0%" in text
+    assert control_lines([], 0.95) == []
+
+
 # ---------------------------------------------------------------- a tiny real run against speclab serve
 
 
