@@ -193,6 +193,30 @@ def test_monotone_round_times():
     assert monotone([1, 2, 3]) == [1, 2, 3] and monotone([]) == []
 
 
+def test_affine_round_times_in_k():
+    from speclab.engine.policies import affine_in_k
+
+    assert affine_in_k([5, 8, 9, 13, 12]) == pytest.approx([5, 8.1, 9.7, 11.3, 12.9])
+    assert affine_in_k([5, 9, 8, 7, 6]) == pytest.approx([5, 7.5, 7.5, 7.5, 7.5])  # never falling: flat at the mean
+    assert affine_in_k([5, 8]) == [5, 8] and affine_in_k([1, 2, 3, 4]) == pytest.approx([1, 2, 3, 4])
+
+
+def test_goodput_does_not_trust_one_slow_reading_of_a_draft_length():
+    """Rounds of k = 1, 2 and 4 timed on a line, k = 3 read in a slow spell (14 ms against its 9.5): goodput with
+    high acceptance still drafts 4. Pooling adjacent violators alone made k = 3 and 4 one 12.5 ms block and
+    settled on k = 2; the line through every length's rounds keeps one slow reading from deciding."""
+    costs = table(step_ms=5.0, verify_ms_per_token=0.3, draft_ms=1.2, k_max=4)  # rounds 5 + 1.5 k ms
+    for _ in range(9):
+        costs.record_draft(1, 3, (1.2 * 3 + 4.5) / 1e3)
+    assert costs.round_time(1, 3) == pytest.approx(14e-3)
+    h = [hist(0.9, 4, 40)]
+    g = Goodput(4)
+    assert g.choose(view(h, costs))[0].k == 4
+    pav = Goodput(4)
+    pav.times.fit = list  # no line: pool adjacent violators only
+    assert pav.choose(view(h, costs))[0].k == 2
+
+
 def test_expected_and_batch_tokens():
     assert expected_tokens([0.5, 0.25], 2) == 1.75 and expected_tokens([0.5, 0.25], 0) == 1.0
     tot = batch_tokens([[0.5, 0.25, 0.1], [1.0, 1.0, 1.0]], [100, 2], 3)

@@ -42,13 +42,31 @@ def monotone(ys: list[float]) -> list[float]:
     return [m for m, c in blocks for _ in range(c)]
 
 
+def affine_in_k(times: list[float]) -> list[float]:
+    """Drafting rounds' times (k >= 1) replaced by their least-squares line in k, never falling; k = 0 (a plain step,
+    another kernel and no draft phase) kept. A drafting round is a draft phase of k steps (a catch-up forward and k
+    steps: affine in k) and a verify of k + 1 tokens a row (affine in k at a given row count too), so a line is what
+    the costs are; each draft length's own estimate is a median of rounds taken at other moments of a machine whose
+    speed drifts by tens of percent over seconds, and a length tried rarely keeps a reading from a slow spell. Fitted,
+    every length's rounds inform every other's. e.g. [5, 8, 9, 13, 12] -> [5, 8.1, 9.7, 11.3, 12.9]."""
+    ys = times[1:]
+    m = len(ys)
+    if m < 2:
+        return list(times)
+    xs = range(1, m + 1)
+    mx, my = (m + 1) / 2, sum(ys) / m
+    slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs))
+    return [times[0]] + [my + slope * (x - mx) for x in xs]
+
+
 class RoundTimes:
     """Predicted round time for k = 0..K at n rows, cached: recomputed when n changes or every
     ``refresh`` rounds (the cost tables move slowly; a prediction costs tens of microseconds, a
-    batch-1 round a few milliseconds)."""
+    batch-1 round a few milliseconds). ``fit``: what smooths the drafting rounds' times across k
+    (:func:`affine_in_k`); then :func:`monotone`."""
 
-    def __init__(self, k_max: int, refresh: int = 8):
-        self.k_max, self.refresh = k_max, refresh
+    def __init__(self, k_max: int, refresh: int = 8, fit=affine_in_k):
+        self.k_max, self.refresh, self.fit = k_max, refresh, fit
         self.n = -1
         self.age = 0
         self.costs = None
@@ -58,7 +76,7 @@ class RoundTimes:
         self.age += 1
         if n != self.n or costs is not self.costs or self.age >= self.refresh or None in self.times:
             times = [costs.round_time(n, k) for k in range(self.k_max + 1)]
-            self.times = monotone(times) if None not in times else times
+            self.times = monotone(self.fit(times)) if None not in times else times
             self.n, self.costs, self.age = n, costs, 0
         return self.times
 
