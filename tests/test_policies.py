@@ -155,23 +155,6 @@ def test_tracker_per_position_and_prior():
     assert set(tr.rows) == {"r9"}
 
 
-def test_tracker_forgets_a_rows_opening_misses_while_it_does_not_draft():
-    """A row that opens with two misses (a JSON value the draft cannot guess) and is switched off drifts back to
-    the population's estimate within a few rounds at k = 0, not over its whole request."""
-    def after_idle(idle_decay, rounds):
-        tr = AcceptanceTracker(4, idle_decay=idle_decay)
-        tr.update(view([[(4, 4)] * 30], ids=["old"]))  # the population: most drafts accepted
-        tr.update(view([[(4, 0), (4, 0)]], ids=["new"]))
-        low = tr.conditional("new")[0]
-        tr.update(view([[(4, 0), (4, 0)] + [(0, 0)] * rounds], ids=["new"]))
-        return low, tr.conditional("new")[0], tr.population()[0]
-
-    low, back, pop = after_idle(0.7, 4)
-    assert low < 0.65 < 0.8 < back < pop  # 0.63 after the misses (population 0.93); 4 rounds off: 0.83
-    assert after_idle(0.95, 4)[1] < 0.67  # evidence ageing as in drafting rounds: still near the misses
-    assert after_idle(0.7, 0)[1] == pytest.approx(low)  # no rounds off, nothing forgotten
-
-
 def test_tracker_replay_log_loss_by_hand():
     from speclab.analysis.tracker_fit import replay_log_loss
 

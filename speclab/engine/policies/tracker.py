@@ -19,13 +19,9 @@ class AcceptanceTracker:
 
     c[i] = P(draft i accepted | drafts 0..i-1 accepted): a round (drafted d, accepted a) *reaches*
     position i when i <= a and i < d, and accepts it when i < a. A row's counts decay by ``decay``
-    every round it drafts, so an estimate follows a row whose text changes character (a code
-    row falling into a loop becomes predictable), and by ``idle_decay`` every round it does not: a
-    row switched off for low acceptance drifts back to its prior within a few rounds and is tried again.
-    (A JSON continuation often opens with a value the draft cannot guess, accepting 0, 0, then 4, 4, 4:
-    with evidence ageing at 0.95 a round while off, two opening misses kept such a row off for the rest of
-    its 32 tokens; 0.7 brings it back after about four rounds. The replay fit below sets ``decay`` only:
-    fixed-k histories have no rounds at k = 0.) The population's
+    every round, drafted or not, so an estimate follows a row whose text changes character (a code
+    row falling into a loop becomes predictable), and evidence ages while the row does not draft: a
+    row switched off for low acceptance drifts back to its prior and is tried again. The population's
     counts decay by ``population_decay`` per update that brings evidence (a round in which some row drafted),
     not while nobody drafts: a population switched off keeps what it last measured, and only a probe, whose
     cost the policy weighs, tries it again. A row's estimate at i is
@@ -41,17 +37,16 @@ class AcceptanceTracker:
     """
 
     def __init__(self, k_max: int, decay: float = 0.95, prior_weight: float = 4.0, default: float = 0.8,
-                 population_decay: float = 0.95, idle_decay: float = 0.7):
+                 population_decay: float = 0.95):
         self.k_max = k_max
         self.decay, self.w, self.default, self.pop_decay = decay, prior_weight, default, population_decay
-        self.idle_decay = idle_decay
         self.rows: dict[str, list] = {}  # request id -> [history seen, reached[K], accepted[K]]
         self.pop_n = [0.0] * k_max
         self.pop_a = [0.0] * k_max
 
     def update(self, view: PolicyView) -> None:
         """Absorb every row's rounds since the last call; forget rows that left."""
-        K, dec, idec = self.k_max, self.decay, self.idle_decay
+        K, dec = self.k_max, self.decay
         new_n, new_a = [0.0] * K, [0.0] * K  # this call's evidence, for the population
         live = set()
         for r in view.rows:
@@ -61,14 +56,14 @@ class AcceptanceTracker:
             if st is None or st[0] > len(h):  # new (or an id reused by a new request)
                 st = self.rows[r.request_id] = [0, [0.0] * K, [0.0] * K, 0]
             seen, N, A, idle = st
-            z = 0  # rounds at k = 0 since the last one that drafted: their decay is applied at once
+            z = 0  # rounds since the last one that drafted: their decay is applied at once
             for d, a in h[seen:]:
+                z += 1
                 if d == 0:
                     idle += 1
-                    z += 1
                     continue
                 idle = 0
-                f = dec * idec ** z
+                f = dec ** z
                 z = 0
                 for i in range(K):
                     N[i] *= f
@@ -80,7 +75,7 @@ class AcceptanceTracker:
                     new_n[i] += 1.0
                     new_a[i] += ok
             if z and N[0]:  # (N[i] <= N[0]: nothing reached position 0, nothing to decay)
-                f = idec ** z
+                f = dec ** z
                 for i in range(K):
                     N[i] *= f
                     A[i] *= f
