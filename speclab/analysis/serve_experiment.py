@@ -15,9 +15,10 @@ Servers (each started fresh, one torch thread each):
 Load: ``speclab load`` (:mod:`speclab.load`, the one load generator) at rising concurrency (1, 2, 4,
 8, 16, 32) on the json, code and tech_prose workloads. The speclab servers are all up at once and every
 (workload, level) visits each in turn (the order rotating per level), so machine noise hits them
-alike. Per cell: throughput, latency percentiles, the pacing fingerprint and its call, the ``/metrics``
-window, and what the server did (:mod:`.serve_judge`). Per server and workload: the verdict over the
-levels. Then the checks (:mod:`.serve_judge`), the crossover (``bench_serve.crossover``: the load from
+alike; with ``--reps`` a cell's throughput is pooled over its repetitions (:func:`median_cell`), and
+``--control`` adds a second plain server to the rotation, the A/A control. Per cell: throughput, latency
+percentiles, the pacing fingerprint and its call, the ``/metrics`` window, and what the server did
+(:mod:`.serve_judge`). Per server and workload: the verdict over the levels. Then the checks (:mod:`.serve_judge`), the crossover (``bench_serve.crossover``: the load from
 which fixed-k speculation stops paying against plain), the text report and the charts
 (:mod:`.serve_report`).
 """
