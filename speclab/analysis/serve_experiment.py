@@ -18,9 +18,9 @@ Load: ``speclab load`` (:mod:`speclab.load`, the one load generator) at rising c
 alike; with ``--reps`` a cell's throughput is pooled over its repetitions (:func:`median_cell`), and
 ``--control`` adds a second plain server to the rotation, the A/A control. Per cell: throughput, latency
 percentiles, the pacing fingerprint and its call, the ``/metrics`` window, and what the server did
-(:mod:`.serve_judge`). Per server and workload: the verdict over the levels. Then the checks (:mod:`.serve_judge`), the crossover (``bench_serve.crossover``: the load from
-which fixed-k speculation stops paying against plain), the text report and the charts
-(:mod:`.serve_report`).
+(:mod:`.serve_judge`). Per server and workload: the verdict over the levels. Then the checks
+(:mod:`.serve_judge`), the crossover (``bench_serve.crossover``: the load from which fixed-k speculation stops
+paying against plain), the text report and the charts (:mod:`.serve_report`).
 """
 
 from __future__ import annotations
