@@ -205,6 +205,29 @@ def test_control_rows_and_the_throughput_rows_they_annotate():
     assert J.control_rows([c for c in cells if not c["control"]], "p", CONTROL) == []
 
 
+def test_compare_servers_per_engine():
+    """Throughput rows, crossovers and the control, per engine: vLLM's crossover beside speclab's, the control
+    attached to speclab's rows only, and no crossover for an engine without a fixed-k server."""
+    from speclab.analysis.serve_experiment import CONTROL, compare_servers
+
+    def cell(server, engine, role, conc, tok_s, control=False):
+        return dict(_cell(server, role, conc, "smooth", tok_s=tok_s), engine=engine, control=control,
+                    tok_s_reps=[tok_s, tok_s])
+
+    cells = [cell("sp", "speclab", "plain", 1, 100), cell(CONTROL, "speclab", "plain", 1, 96, control=True),
+             cell("sf", "speclab", "fixed", 1, 150), cell("sa", "speclab", "adaptive", 1, 141),
+             cell("vp", "vllm", "plain", 1, 200), cell("vf", "vllm", "fixed", 1, 180),
+             cell("va", "vllm", "adaptive", 1, 195)]
+    throughput, cross, control = compare_servers(cells)
+    assert set(cross) == {"speclab", "vllm"} and cross["vllm"]["plain"] == "vp" and cross["speclab"]["plain"] == "sp"
+    assert [(r["server"], round(r["ratio_to_best"], 3)) for r in throughput] == [("sa", 0.94), ("va", 0.975)]
+    assert [r["ratio"] for r in control] == [pytest.approx(0.96)]
+    assert throughput[0]["control_ratio"] == pytest.approx(0.96)  # speclab's rotation only
+    assert throughput[1].get("control_ratio") is None
+    _, cross, control = compare_servers([c for c in cells if c["server"] in ("vp", "va")])
+    assert cross == {} and control == []
+
+
 def test_control_lines_count_a_failure_either_way():
     from speclab.analysis.serve_report import control_lines
 

@@ -374,10 +374,34 @@ def run_experiment(spec: ExperimentSpec, log=print) -> dict:
     return result
 
 
+def compare_servers(cells: list[dict]) -> tuple[list[dict], dict, list[dict]]:
+    """Per engine, plain against fixed k: the throughput check rows and the crossover by workload; and the control
+    rows (speclab's second plain server over its plain one), whose ratio speclab's throughput rows carry (vLLM's
+    servers run one at a time, later, outside that rotation)."""
+    from .bench_serve import crossover
+
+    throughput, cross, control = [], {}, []
+    for engine in ("speclab", "vllm"):
+        names = {c["role"]: c["server"] for c in cells if c["engine"] == engine and not c["split"]
+                 and c["role"] in ("plain", "fixed") and not c.get("control")}
+        rows_here: list[dict] = []
+        if "plain" in names and "fixed" in names:
+            rows_here = judge.throughput_checks([c for c in cells if c["engine"] == engine], names["plain"],
+                                                names["fixed"])
+            throughput += rows_here
+            rows = [{"workload": c["workload"], "concurrency": c["concurrency"], "server": c["server"],
+                     "tok_s": c["tok_s"]} for c in cells if c["engine"] == engine and not c["split"]]
+            cross[engine] = {"plain": names["plain"], "fixed": names["fixed"],
+                             "by_workload": crossover(rows, names["plain"], names["fixed"])}
+        if "plain" in names and engine == "speclab":  # the control runs in speclab's rotation: its rows only
+            control = judge.control_rows(cells, names["plain"], CONTROL)
+            judge.attach_control(rows_here, control)
+    return throughput, cross, control
+
+
 def judge_result(cells: list[dict], spec: ExperimentSpec, vllm_acceptance: list | None = None) -> dict:
     """Verdicts per server and workload, the checks and the crossovers, from the cells."""
     from ..load.fingerprint import verdict
-    from .bench_serve import crossover
 
     groups: dict[tuple, list] = {}
     for c in cells:
@@ -388,20 +412,7 @@ def judge_result(cells: list[dict], spec: ExperimentSpec, vllm_acceptance: list 
         v = verdict([(f"concurrency {c['concurrency']}", c["concurrency"], c["fingerprint"]) for c in cs])
         verdicts.append({"server": server, "workload": wl, "split": cs[0]["split"], **v})
         vchecks.append(judge.verdict_check(cs[0]["role"], cs, v["verdict"]))
-    throughput, cross, control = [], {}, []
-    for engine in ("speclab", "vllm"):
-        names = {c["role"]: c["server"] for c in cells if c["engine"] == engine and not c["split"]
-                 and c["role"] in ("plain", "fixed") and not c.get("control")}
-        if "plain" in names and "fixed" in names:
-            throughput += judge.throughput_checks([c for c in cells if c["engine"] == engine], names["plain"],
-                                                  names["fixed"])
-        if "plain" in names and engine == "speclab":
-            control = judge.control_rows(cells, names["plain"], CONTROL)
-            rows = [{"workload": c["workload"], "concurrency": c["concurrency"], "server": c["server"],
-                     "tok_s": c["tok_s"]} for c in cells if c["engine"] == engine and not c["split"]]
-            cross[engine] = {"plain": names["plain"], "fixed": names["fixed"],
-                             "by_workload": crossover(rows, names["plain"], names["fixed"])}
-    judge.attach_control(throughput, control)
+    throughput, cross, control = compare_servers(cells)
     acceptance = [a for a in (judge.speclab_acceptance_check(c) for c in cells if c["role"] != "plain") if a]
     acceptance += vllm_acceptance or []
     checks = {"pacing": [judge.pacing_check(c) for c in cells], "verdict": vchecks, "throughput": throughput,
