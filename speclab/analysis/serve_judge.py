@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import statistics
 
 from ..load.fingerprint import verdict_of_calls
 
@@ -173,7 +174,7 @@ def throughput_checks(cells: list[dict], plain: str, fixed: str, target: float =
         out.append({"server": c["server"], "workload": c["workload"], "concurrency": c["concurrency"],
                     "tok_s": c["tok_s"], "plain_tok_s": p and p.get("tok_s"), "fixed_tok_s": f and f.get("tok_s"),
                     "ratio_to_best": ratio, "ok": ratio >= target, "rep_ratios": paired,
-                    "rep_ratio_median": sorted(paired)[(len(paired) - 1) // 2] if paired else None})
+                    "rep_ratio_median": statistics.median_low(paired) if paired else None})
     return out
 
 
@@ -204,7 +205,7 @@ def control_rows(cells: list[dict], plain: str, control: str) -> list[dict]:
             continue
         paired = rep_ratios(c.get("tok_s_reps"), [p.get("tok_s_reps")])
         out.append({"workload": wl, "concurrency": conc, "ratio": c["tok_s"] / p["tok_s"], "rep_ratios": paired,
-                    "rep_ratio_median": sorted(paired)[(len(paired) - 1) // 2] if paired else None})
+                    "rep_ratio_median": statistics.median_low(paired) if paired else None})
     return out
 
 

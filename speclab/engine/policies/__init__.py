@@ -74,7 +74,6 @@ from .weighing import (
 __all__ = ["ADAPTIVE", "NEVER", "POLICIES", "SWITCH_MARGIN", "AcceptanceTracker", "BatchTable", "Choice",
            "Confidence", "CostGate", "Ema", "Fixed", "GatedRule", "Goodput", "Heuristic", "Off", "OffHold", "Policy",
            "PolicyView", "ProbeBudget", "RoundTimes", "RowView", "affine_in_k", "batch_tokens", "catch_up_time",
-           "costs_ready",
-           "draft_prefill_share", "ema_tiers", "expected_tokens", "make_policy", "monotone", "parse_table",
-           "prefill_per_token", "probe_cost", "round_tokens", "row_tokens", "seed_costs", "switch_on",
+           "costs_ready", "draft_prefill_share", "ema_tiers", "expected_tokens", "make_policy", "monotone",
+           "parse_table", "prefill_per_token", "probe_cost", "round_tokens", "row_tokens", "seed_costs", "switch_on",
            "worth_probing"]
