@@ -470,7 +470,7 @@ def spec_from_args(args) -> ExperimentSpec:
         workloads=workload_names(args.workload) if args.workload else list(WORKLOADS), levels=levels,
         split_levels=levels if full else None, split=not args.no_split,
         requests=args.requests, min_requests=16 if full else 8, per_client=2 if full else 1, max_tokens=max_tokens,
-        reps=max(1, args.reps or 1), control=bool(getattr(args, "control", False)),
+        reps=max(1, args.reps or 1), control=args.control,
         seed=args.seed, threads=args.threads or 1, speclab=not args.no_speclab, vllm=not args.no_vllm,
         vllm_venv=args.vllm_venv, vllm_eager=args.vllm_eager,
         vllm_kinds=[k.strip() for k in args.vllm_configs.split(",")] if args.vllm_configs else list(VLLM_KINDS))
