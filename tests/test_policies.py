@@ -24,7 +24,9 @@ from speclab.engine.policies import (
     Goodput,
     Heuristic,
     OffHold,
+    PlainCheck,
     PolicyView,
+    ProbeBudget,
     RowView,
     batch_tokens,
     draft_prefill_share,
@@ -378,7 +380,7 @@ def test_off_hold_never_passes_a_probe_the_budget_allows():
     """With probes every round but a budget that allows one every few rounds, the hold ends on the round the budget
     covers the probe."""
     def run(hold_rounds):
-        q = Goodput(4, probe_every=1, probe_budget=0.11)  # 0.2 ms probe, 1 ms rounds: one every 2 rounds
+        q = Goodput(4, probe_every=1, probe_budget=0.11, probe_backoff=0)  # 0.2 ms probe, 1 ms rounds: one every 2
         q.hold = OffHold(hold_rounds)
         return _off_run(q, 12)[0]
 
@@ -425,12 +427,25 @@ def test_goodput_probes_within_its_budget():
         return (RowView("r0", tuple(hist(0.05, 4, 30)), remaining=1000, prompt_len=100, taken_in=taken_in),)
 
     costs = table()  # 1 ms plain rounds, 1.2 ms at k = 1: a probe costs 0.2 ms
-    p = Goodput(4, probe_every=1, probe_budget=0.11)  # 0.2 ms needs 2 rounds (2 x 1 ms x 0.11 = 0.22 ms)
+    p = Goodput(4, probe_every=1, probe_budget=0.11, probe_backoff=0)  # 0.2 ms: 2 rounds (2 x 1 ms x 0.11 = 0.22)
     assert [p.choose(PolicyView(rows(True), 1, 0, costs))[0].k for _ in range(6)] == [0, 1, 0, 1, 0, 1]
+    b = Goodput(4, probe_every=1, probe_budget=0.11)  # backoff: each probe that found nothing halves the budget
+    ks = [b.choose(PolicyView(rows(True), 1, 0, costs))[0].k for _ in range(22)]
+    assert ks == [0, 1] + [0] * 3 + [1] + [0] * 7 + [1] + [0] * 7 + [1]  # 2 rounds, then 4, then 8 (at most 2 halvings)
     costs.record_draft_prefill(100, 1e-3)  # 10 us a token: taking the row in costs 1 ms more (1.2 ms: 11 rounds)
-    q = Goodput(4, probe_every=1, probe_budget=0.11)
+    q = Goodput(4, probe_every=1, probe_budget=0.11, probe_backoff=0)
     ks = [q.choose(PolicyView(rows(False), 1, 0, costs))[0].k for _ in range(12)]
     assert ks == [0] * 10 + [1, 0]
+
+
+def test_probe_budget_backs_off_and_is_whole_again_once_drafting_is_on():
+    pb = ProbeBudget(every=1, budget=0.1, backoff=2)
+    fired = [pb.off_round((), 1e-3, 1.2e-3, 0.0, 0.5, 0.6) for _ in range(15)]  # 0.2 ms probes, 1 ms rounds
+    assert [i for i, w in enumerate(fired) if w] == [1, 5, 13]  # 2 rounds, then 4 (0.05), then 8 (0.025)
+    assert pb.share == pytest.approx(0.025)
+    pb.reset()  # drafting switched on
+    assert pb.share == pytest.approx(0.1)
+    assert [bool(pb.off_round((), 1e-3, 1.2e-3, 0.0, 0.5, 0.6)) for _ in range(2)] == [False, True]
 
 
 def test_population_keeps_its_estimate_while_nobody_drafts():
@@ -499,6 +514,81 @@ def test_cost_gate_times_a_plain_step_a_rule_would_never_run():
     assert {x.k for x in then} == {0} and then[0].reason.startswith("off:")  # 0.2 acceptance does not pay here
     good = view([hist(1.0, 4, 10), hist(1.0, 4, 10)], c)
     assert Heuristic(4).choose(good)[0].k == 4  # and a draft that does pay passes
+
+
+def _calibrated_only(n=16):
+    """Calibrated at 2 and n rows (at n: a plain step 4 ms, each verified token 0.5 ms more, a draft step 0.5 ms;
+    2 rows at 2/n of that), nothing timed online."""
+    c = OnlineCosts()
+    c.set_calibrated({(m, T): (4e-3 + 0.5e-3 * (T - 1)) * m / n for m in (2, n) for T in range(1, 6)},
+                     draft_step={2: 0.5e-3 * 2 / n, n: 0.5e-3})
+    return c
+
+
+def test_plain_timed_means_measured_online_near_n():
+    c = _calibrated_only()
+    assert not c.plain_timed(16) and not c.plain_timed(2)  # calibrated only
+    c.record_target(2, 2, 1e-3)
+    assert not c.plain_timed(2)  # a verify block is not a plain step
+    c.record_target(2, 1, 1e-3)
+    assert c.plain_timed(2) and c.plain_timed(4) and c.plain_timed(1) and not c.plain_timed(5)
+
+
+def test_plain_overhead_is_never_above_a_drafting_rounds():
+    """A plain-round overhead known at 2 rows only extrapolates in proportion to the rows (8x at 16 rows); a
+    drafting round's, measured at 16 rows, bounds it there (a plain round does a part of its work)."""
+    c = OnlineCosts()
+    c.record_overhead(2, 0.5e-3, drafted=False)
+    assert c.overhead_time(16, drafted=False) == pytest.approx(4e-3)  # nothing else known: the extrapolation
+    c.record_overhead(16, 0.9e-3, drafted=True)
+    assert c.overhead_time(16, drafted=False) == pytest.approx(0.9e-3)
+    assert c.overhead_time(2, drafted=False) == pytest.approx(0.5e-3)  # below the bound: its own
+    assert c.overhead_time(16, drafted=True) == pytest.approx(0.9e-3)
+
+
+def test_plain_check_counts_per_load_level_and_stops_once_timed():
+    c = _calibrated_only()
+    chk = PlainCheck(rounds=3)
+    assert [chk.due(c, 16) for _ in range(4)] == [True, True, True, False]  # at most 3 rounds for the level
+    assert chk.due(c, 2)  # another level: its own count
+    c.record_target(2, 1, 1e-3)
+    assert not chk.due(c, 2)  # timed: nothing to check
+    c.frozen = True
+    assert not PlainCheck().due(c, 16)  # a frozen table never learns: no check
+    assert not PlainCheck().due(None, 16)
+
+
+def test_goodput_times_the_plain_step_before_drafting_where_it_was_only_calibrated():
+    """Where the plain step is only calibrated, goodput runs k = 0 until the scheduler has timed one (a policy that
+    drafts from the first round would otherwise never learn it), then decides on the timed value: here the plain
+    step really takes 2 ms, not the calibrated 4 ms, and drafting at 0.5 acceptance no longer pays."""
+    c = _calibrated_only()
+    for m in (2, 16):  # drafting rounds timed online (as a run that drafts sees them)
+        for T in range(2, 6):
+            c.record_target(m, T, (4e-3 + 0.5e-3 * (T - 1)) * m / 16)
+    v = view([hist(0.5, 4, 10)] * 16, c)
+    blind = Goodput(4)
+    blind.plain.rounds = 0  # without the check: the calibrated 4 ms plain step makes k >= 1 look worth it
+    assert blind.choose(v)[0].k > 0
+    p = Goodput(4)
+    first = p.choose(v)
+    assert {x.k for x in first} == {0} and first[0].reason.startswith("goodput: timing plain steps at 16 rows")
+    c.record_target(16, 1, 2e-3)  # the scheduler timed the plain step: 2 ms
+    then = Goodput(4).choose(v)  # (a fresh one: p's round times are cached for a few rounds)
+    assert {x.k for x in then} == {0} and not then[0].reason.startswith("goodput: timing")
+    assert Goodput(4).choose(view([hist(1.0, 4, 10)] * 16, c))[0].k > 0  # a draft that pays still drafts
+
+
+def test_cost_gate_times_the_plain_step_before_letting_drafts_through_where_it_was_only_calibrated():
+    c = _calibrated_only()
+    for T in range(2, 6):
+        c.record_target(16, T, 4e-3 + 0.5e-3 * (T - 1))
+    good = view([hist(1.0, 4, 10)] * 16, c)
+    h = Heuristic(4)
+    first = h.choose(good)
+    assert {x.k for x in first} == {0} and first[0].reason.startswith("gate: timing plain steps at 16 rows")
+    c.record_target(16, 1, 2e-3)
+    assert {x.k for x in h.choose(good)} == {4}  # timed, and a draft accepted in full still pays
 
 
 def test_confidence_gate_counts_a_stopped_draft_as_a_rejection():

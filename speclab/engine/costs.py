@@ -284,13 +284,17 @@ class OnlineCosts:
 
     def overhead_time(self, n: int, drafted: bool = True) -> float:
         """Seconds of per-round work outside the forwards at ``n`` rows, for a drafting round or a plain one (the
-        other kind's when only that was measured; 0 when neither was)."""
+        other kind's when only that was measured; 0 when neither was). A plain round's is at most a drafting
+        round's at the same rows (a plain overhead known only at a far row count, extrapolated, can read several
+        times a drafting round's)."""
         with self.lock:
             first, other = (self._over, self._over_plain) if drafted else (self._over_plain, self._over)
-            v = first.predict(n, 1)
-            if v is None:
-                v = other.predict(n, 1)
-        return v or 0.0
+            v, w = first.predict(n, 1), other.predict(n, 1)
+        if v is None:
+            return w or 0.0
+        if not drafted and w is not None:  # a plain round does a part of a drafting round's work (nothing to roll
+            v = min(v, w)  # back, one token a row to accept): never more, whatever a far load level extrapolates to
+        return v
 
     def round_time(self, n: int, k: int) -> float | None:
         """Expected seconds of a round of n rows drafting k tokens (k = 0: a plain decode step):
@@ -307,6 +311,13 @@ class OnlineCosts:
         with self.lock:
             return (self._target.near(n, lambda t: t == 1), self._target.near(n, lambda t: t > 1),
                     self._draft.near(n, lambda t: True))
+
+    def plain_timed(self, n: int) -> bool:
+        """A plain step timed online (not only calibrated) at a row count within 2x of n. A policy that drafts from
+        the start never times one, and its plain-step estimate is then the calibration scaled by what other load
+        levels or the verify blocks drifted to, which can be far off (:class:`~speclab.engine.policies.PlainCheck`)."""
+        with self.lock:
+            return any(T == 1 and n / 2 <= m <= 2 * n for m, T in self._target.val)
 
     def snapshot(self) -> dict:
         with self.lock:

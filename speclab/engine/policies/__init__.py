@@ -55,6 +55,7 @@ from .weighing import (
     SWITCH_MARGIN,
     CostGate,
     OffHold,
+    PlainCheck,
     ProbeBudget,
     RoundTimes,
     affine_in_k,
@@ -71,8 +72,8 @@ from .weighing import (
     worth_probing,
 )
 
-__all__ = ["ADAPTIVE", "NEVER", "POLICIES", "SWITCH_MARGIN", "AcceptanceTracker", "BatchTable", "Choice",
-           "Confidence", "CostGate", "Ema", "Fixed", "GatedRule", "Goodput", "Heuristic", "Off", "OffHold", "Policy",
+__all__ = ["ADAPTIVE", "NEVER", "POLICIES", "SWITCH_MARGIN", "AcceptanceTracker", "BatchTable", "Choice", "Confidence",
+           "CostGate", "Ema", "Fixed", "GatedRule", "Goodput", "Heuristic", "Off", "OffHold", "PlainCheck", "Policy",
            "PolicyView", "ProbeBudget", "RoundTimes", "RowView", "affine_in_k", "batch_tokens", "catch_up_time",
            "costs_ready", "draft_prefill_share", "ema_tiers", "expected_tokens", "make_policy", "monotone",
            "parse_table", "prefill_per_token", "probe_cost", "round_tokens", "row_tokens", "seed_costs", "switch_on",

@@ -10,6 +10,7 @@ from .tracker import AcceptanceTracker
 from .weighing import (
     SWITCH_MARGIN,
     OffHold,
+    PlainCheck,
     ProbeBudget,
     RoundTimes,
     catch_up_time,
@@ -41,12 +42,15 @@ class Goodput:
     Cold start: at a row count with no cost numbers it runs one k = 0 round and one k = K round to
     measure them (calibrating with :meth:`OnlineCosts.calibrate` beforehand avoids even that).
     Exploration: after ``probe_every`` rounds at k = 0 it drafts k = 1 once when its :class:`ProbeBudget`
-    (``probe_budget`` of the time spent at k = 0) allows and the probe is :func:`worth_probing` (so it notices
-    acceptance coming back; never at a load where only an implausible acceptance would pay)."""
+    (``probe_budget`` of the time spent at k = 0, halved after each probe that found nothing, at most
+    ``probe_backoff`` times) allows and the probe is :func:`worth_probing` (so it notices
+    acceptance coming back; never at a load where only an implausible acceptance would pay). Before drafting at a
+    load level where no plain step was timed online, it times one (:class:`PlainCheck`)."""
 
     k_max: int = 4
     probe_every: int = 8
     probe_budget: float = 0.05
+    probe_backoff: int = 2
     switch_margin: float = SWITCH_MARGIN
     name: str = field(default="goodput", init=False)
 
@@ -54,8 +58,9 @@ class Goodput:
         check_k(self.k_max)
         self.tracker = AcceptanceTracker(self.k_max)
         self.times = RoundTimes(self.k_max)
-        self.probes = ProbeBudget(self.probe_every, self.probe_budget)
+        self.probes = ProbeBudget(self.probe_every, self.probe_budget, self.probe_backoff)
         self.hold = OffHold()
+        self.plain = PlainCheck()
         self.on = False  # did the last weighed round draft (switch_on's hysteresis)
         self._raw: list[float | None] = []  # the last scores' round times without the draft-prefill share
         self._per_token = 0.0
@@ -122,6 +127,8 @@ class Goodput:
                 return [Choice(1, f"goodput: probe k=1 after {waited} rounds at k=0")] * n
         else:
             self.probes.reset()
+            if self.plain.due(view.costs, n):
+                return [Choice(0, f"goodput: timing plain steps at {n} rows before drafting k={best}")] * n
         out = [Choice(best, why)] * n
         return self.hold.start(view, out, self._raw[0], self.probes.quiet) if best == 0 else out
 
