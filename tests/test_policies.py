@@ -13,7 +13,7 @@ from conftest import PROMPTS
 
 from speclab.drafters import PromptLookupDrafter, make_drafter
 from speclab.engine import SpeculativeDecoder, make_policy
-from speclab.engine.costs import OnlineCosts, interpolate
+from speclab.engine.costs import OnlineCosts, interpolate, time_shapes
 from speclab.engine.policies import (
     POLICIES,
     AcceptanceTracker,
@@ -733,6 +733,31 @@ def test_online_costs_copy_learns_apart():
         a.snapshot()["scale_by_level"]["target"]
     a.record_target(1, 1, 1.0)
     assert c.version == b.version < a.version
+
+
+def test_time_shapes_times_plain_steps_one_after_another():
+    """On the CPU a one-token step reads the other layout of the weights, so one timed right after a wider forward
+    runs cold; plain decoding runs them back to back. The one-token forwards are timed consecutively (after one
+    warm-up), the wider ones round-robin among themselves."""
+    calls = []
+
+    class Cache:
+        def forward(self, toks, start, kv_len):
+            calls.append(toks.shape[1])
+
+        def commit(self, lengths):
+            pass
+
+    class LM:
+        device, vocab_size = torch.device("cpu"), 50
+
+        def new_cache(self, n, slots):
+            return Cache()
+
+    out = time_shapes(LM(), (1, 2), (1, 2, 3), context=8, reps=2)
+    assert set(out) == {(n, T) for n in (1, 2) for T in (1, 2, 3)}
+    per_rows = [8, 1, 1, 1, 2, 3, 2, 3, 2, 3]  # the context's prefill, 1 x (reps + 1), then the rest round-robin
+    assert calls == per_rows * 2
 
 
 def test_calibration_rows():

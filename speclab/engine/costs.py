@@ -386,7 +386,13 @@ class OnlineCosts:
 
 def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = None, clock=time.perf_counter) -> dict:
     """Median seconds of a cached forward of T new tokens per row after ``context`` positions, for every
-    n in ``rows`` and T in ``tokens``. One cache per row count; every call writes the same slots."""
+    n in ``rows`` and T in ``tokens``. One cache per row count; every call writes the same slots. One-token
+    forwards (plain decode steps) are timed one after another, as plain decoding runs them, and the wider ones
+    round-robin among themselves: on the CPU a one-row step reads the other layout of the weights (see
+    ``FEW_ROWS`` in ``speclab.models.native_llama``), so a step timed right after a wider forward runs with those
+    weights cold. Timed round-robin with the verify widths, one row's plain step read 2.3 ms against 1.9 ms for a
+    forward of two tokens, where plain decoding took 1.8-1.9 ms a step and the scheduler timed its forward at
+    1.6 ms."""
     import statistics
 
     import torch
@@ -403,16 +409,17 @@ def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = N
             cache.commit(zero + context)
             toks = {T: torch.randint(0, V, (n, T), device=dev) for T in tokens}
             times = {T: [] for T in tokens}
-            for i in range(reps + 1):
-                for T in tokens:
-                    if cuda:
-                        torch.cuda.synchronize(dev)
-                    t = clock()
-                    cache.forward(toks[T], zero + context, kv_len=context + T)
-                    if cuda:
-                        torch.cuda.synchronize(dev)
-                    if i:  # the first pass warms up
-                        times[T].append(clock() - t)
+            for group in ([T for T in tokens if T == 1], [T for T in tokens if T != 1]):
+                for i in range(reps + 1 if group else 0):
+                    for T in group:
+                        if cuda:
+                            torch.cuda.synchronize(dev)
+                        t = clock()
+                        cache.forward(toks[T], zero + context, kv_len=context + T)
+                        if cuda:
+                            torch.cuda.synchronize(dev)
+                        if i:  # the first pass warms up
+                            times[T].append(clock() - t)
             for T in tokens:
                 out[(n, T)] = statistics.median(times[T])
             del cache
