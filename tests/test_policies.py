@@ -33,6 +33,7 @@ from speclab.engine.policies import (
     ema_tiers,
     expected_tokens,
     parse_table,
+    position_priors,
     switch_on,
 )
 from speclab.errors import SpeclabError
@@ -146,7 +147,11 @@ def test_tracker_per_position_and_prior():
     tr.update(v)
     c = tr.conditional("r0")
     assert c[0] == pytest.approx((10 + 2 * tr.population()[0]) / 12)
-    assert c[2] < 0.2 and c[3] == pytest.approx(c[2])  # unseen position: the row's own estimate before it
+    assert c[2] < 0.2 and c[3] == pytest.approx(tr.population()[3])  # unseen position: the population's there
+    chain = AcceptanceTracker(4, decay=1.0, prior_weight=2.0, default=0.8, position_prior="chain")
+    chain.update(v)
+    cc = chain.conditional("r0")
+    assert cc[3] == pytest.approx(cc[2])  # 'chain': the row's own estimate before it
     s = tr.survival("r0")
     assert s == sorted(s, reverse=True) and s[0] == pytest.approx(c[0])
     # a new row starts from the population, which learned from r0
@@ -155,6 +160,37 @@ def test_tracker_per_position_and_prior():
     # rows that left are forgotten; their rounds stay in the population
     tr.update(view([[]], ids=["r9"]))
     assert set(tr.rows) == {"r9"}
+
+
+def test_position_priors_by_hand():
+    assert position_priors("chain", 0.6, [0.7, 0.9], 1) == 0.6
+    assert position_priors("population", 0.6, [0.7, 0.9], 1) == 0.9
+    assert position_priors("logit", 0.6, [0.7, 0.9], 1) == pytest.approx(0.8526, abs=1e-4)
+    assert position_priors("logit", 0.7, [0.7, 0.9], 1) == pytest.approx(0.9)  # at the population: its value
+    with pytest.raises(ValueError):
+        AcceptanceTracker(4, position_prior="iid")
+
+
+def test_a_row_without_evidence_starts_from_the_population_at_every_position():
+    """JSON-like acceptance: a first draft token often missed, the later ones almost always taken once the first
+    is. A row the tracker holds but that has not drafted yet (its rounds so far at k = 0) must start from the
+    population's per-position estimate, as a row it has never seen does, not from the population's first position
+    at every position (0.69^i: [0.69, 0.48, 0.33, 0.23] where the population read [0.69, 0.61, 0.55, 0.50]; a
+    4-row JSON burst then predicted no k paying and ran 82% of its rounds off, 0.94x plain where fixed k = 4 read
+    1.18x)."""
+    tr = AcceptanceTracker(4, decay=1.0, prior_weight=4.0)
+    tr.update(view([[(4, 0)] * 3 + [(4, 4)] * 7]))  # position 0: 7 of 10; the rest: every one reached accepted
+    pop = tr.population()
+    assert pop[0] == pytest.approx((7 + 0.8) / 11) and min(pop[1:]) > 0.85
+    tr.update(view([[(0, 0)] * 5], ids=["new"]))  # held, not drafting
+    fresh = tr.survival("unknown", pop)
+    held = tr.survival("new", pop)
+    assert held == pytest.approx(fresh)
+    assert held[3] > 0.45 and held[3] > 1.5 * pop[0] ** 4
+    chain = AcceptanceTracker(4, decay=1.0, prior_weight=4.0, position_prior="chain")
+    chain.update(view([[(4, 0)] * 3 + [(4, 4)] * 7]))
+    chain.update(view([[(0, 0)] * 5], ids=["new"]))
+    assert chain.survival("new")[3] == pytest.approx(pop[0] ** 4)  # what 'chain' did
 
 
 def test_tracker_replay_log_loss_by_hand():

@@ -49,7 +49,7 @@ from .goodput import Goodput
 from .registry import ADAPTIVE, POLICIES, make_policy, seed_costs
 from .rules import Confidence, Ema, GatedRule, Heuristic, ema_tiers
 from .table import BatchTable, parse_table
-from .tracker import AcceptanceTracker, expected_tokens
+from .tracker import POSITION_PRIORS, AcceptanceTracker, expected_tokens, position_priors
 from .weighing import (
     NEVER,
     SWITCH_MARGIN,
@@ -72,9 +72,9 @@ from .weighing import (
     worth_probing,
 )
 
-__all__ = ["ADAPTIVE", "NEVER", "POLICIES", "SWITCH_MARGIN", "AcceptanceTracker", "BatchTable", "Choice", "Confidence",
-           "CostGate", "Ema", "Fixed", "GatedRule", "Goodput", "Heuristic", "Off", "OffHold", "PlainCheck", "Policy",
-           "PolicyView", "ProbeBudget", "RoundTimes", "RowView", "affine_in_k", "batch_tokens", "catch_up_time",
-           "costs_ready", "draft_prefill_share", "ema_tiers", "expected_tokens", "make_policy", "monotone",
-           "parse_table", "prefill_per_token", "probe_cost", "round_tokens", "row_tokens", "seed_costs", "switch_on",
-           "worth_probing"]
+__all__ = ["ADAPTIVE", "NEVER", "POLICIES", "POSITION_PRIORS", "SWITCH_MARGIN", "AcceptanceTracker", "BatchTable",
+           "Choice", "Confidence", "CostGate", "Ema", "Fixed", "GatedRule", "Goodput", "Heuristic", "Off", "OffHold",
+           "PlainCheck", "Policy", "PolicyView", "ProbeBudget", "RoundTimes", "RowView", "affine_in_k", "batch_tokens",
+           "catch_up_time", "costs_ready", "draft_prefill_share", "ema_tiers", "expected_tokens", "make_policy",
+           "monotone", "parse_table", "position_priors", "prefill_per_token", "probe_cost", "round_tokens",
+           "row_tokens", "seed_costs", "switch_on", "worth_probing"]
