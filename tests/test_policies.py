@@ -13,7 +13,7 @@ from conftest import PROMPTS
 
 from speclab.drafters import PromptLookupDrafter, make_drafter
 from speclab.engine import SpeculativeDecoder, make_policy
-from speclab.engine.costs import OnlineCosts, interpolate, time_shapes
+from speclab.engine.costs import PLAIN_SAMPLES, OnlineCosts, interpolate, time_shapes
 from speclab.engine.policies import (
     POLICIES,
     AcceptanceTracker,
@@ -51,7 +51,8 @@ def table(step_ms=1.0, verify_ms_per_token=0.1, draft_ms=0.1, rows=(1,), k_max=8
     for n in rows:
         for T in range(1, k_max + 2):
             ms = step_ms * T if steep else step_ms + verify_ms_per_token * (T - 1)
-            c.record_target(n, T, ms / 1e3)
+            for _ in range(PLAIN_SAMPLES if T == 1 else 1):  # plain steps: as many as a policy wants timed
+                c.record_target(n, T, ms / 1e3)
         for s in range(1, k_max + 1):
             c.record_draft(n, s, s * draft_ms / 1e3)
         if overhead_ms:
@@ -350,7 +351,11 @@ def test_goodput_cold_start_explores_then_decides():
     assert p.choose(view([[]], c))[0].k == 4  # then one round at K
     c.record_target(1, 5, 1.4e-3)
     c.record_draft(1, 4, 0.4e-3)
-    assert "goodput: k=" in p.choose(view([hist(0.9, 4, 20)], c))[0].reason
+    good = view([hist(0.9, 4, 20)], c)
+    assert "timing plain steps" in p.choose(good)[0].reason  # one plain step timed: more before drafting on it
+    for _ in range(PLAIN_SAMPLES - 1):
+        c.record_target(1, 1, 1e-3)
+    assert "goodput: k=" in p.choose(good)[0].reason
 
 
 def test_goodput_probes_when_acceptance_closed_it():
@@ -549,6 +554,9 @@ def test_cost_gate_times_a_plain_step_a_rule_would_never_run():
     then = p.choose(poor)
     assert {x.k for x in then} == {0} and then[0].reason.startswith("off:")  # 0.2 acceptance does not pay here
     good = view([hist(1.0, 4, 10), hist(1.0, 4, 10)], c)
+    assert Heuristic(4).choose(good)[0].reason.startswith("gate: timing plain steps")  # one plain step: more first
+    for _ in range(PLAIN_SAMPLES - 1):
+        c.record_target(2, 1, 1.2e-3)
     assert Heuristic(4).choose(good)[0].k == 4  # and a draft that does pay passes
 
 
@@ -561,13 +569,19 @@ def _calibrated_only(n=16):
     return c
 
 
-def test_plain_timed_means_measured_online_near_n():
+def test_plain_samples_count_plain_steps_timed_online_per_load_level():
     c = _calibrated_only()
-    assert not c.plain_timed(16) and not c.plain_timed(2)  # calibrated only
+    assert c.plain_samples(16) == 0 and c.plain_samples(2) == 0  # calibrated only
     c.record_target(2, 2, 1e-3)
-    assert not c.plain_timed(2)  # a verify block is not a plain step
+    assert c.plain_samples(2) == 0  # a verify block is not a plain step
     c.record_target(2, 1, 1e-3)
-    assert c.plain_timed(2) and c.plain_timed(4) and c.plain_timed(1) and not c.plain_timed(5)
+    c.record_target(2, 1, 1e-3)
+    assert c.plain_samples(2) == 2 and c.plain_samples(1) == 0 and c.plain_samples(3) == 0  # 3 rounds up to 4
+    c.record_target(3, 1, 1e-3)
+    assert c.plain_samples(4) == 1 and c.copy().plain_samples(3) == 1
+    c.frozen = True
+    c.record_target(3, 1, 1e-3)
+    assert c.plain_samples(4) == 1
 
 
 def test_plain_overhead_is_never_above_a_drafting_rounds():
@@ -587,8 +601,11 @@ def test_plain_check_counts_per_load_level_and_stops_once_timed():
     chk = PlainCheck(rounds=3)
     assert [chk.due(c, 16) for _ in range(4)] == [True, True, True, False]  # at most 3 rounds for the level
     assert chk.due(c, 2)  # another level: its own count
+    for _ in range(PLAIN_SAMPLES - 1):
+        c.record_target(2, 1, 1e-3)
+    assert chk.due(c, 2)  # not yet: one sample alone would set the estimate
     c.record_target(2, 1, 1e-3)
-    assert not chk.due(c, 2)  # timed: nothing to check
+    assert not chk.due(c, 2)  # timed enough: nothing to check
     c.frozen = True
     assert not PlainCheck().due(c, 16)  # a frozen table never learns: no check
     assert not PlainCheck().due(None, 16)
@@ -609,7 +626,8 @@ def test_goodput_times_the_plain_step_before_drafting_where_it_was_only_calibrat
     p = Goodput(4)
     first = p.choose(v)
     assert {x.k for x in first} == {0} and first[0].reason.startswith("goodput: timing plain steps at 16 rows")
-    c.record_target(16, 1, 2e-3)  # the scheduler timed the plain step: 2 ms
+    for _ in range(PLAIN_SAMPLES):
+        c.record_target(16, 1, 2e-3)  # the scheduler timed the plain step: 2 ms
     then = Goodput(4).choose(v)  # (a fresh one: p's round times are cached for a few rounds)
     assert {x.k for x in then} == {0} and not then[0].reason.startswith("goodput: timing")
     assert Goodput(4).choose(view([hist(1.0, 4, 10)] * 16, c))[0].k > 0  # a draft that pays still drafts
@@ -623,7 +641,8 @@ def test_cost_gate_times_the_plain_step_before_letting_drafts_through_where_it_w
     h = Heuristic(4)
     first = h.choose(good)
     assert {x.k for x in first} == {0} and first[0].reason.startswith("gate: timing plain steps at 16 rows")
-    c.record_target(16, 1, 2e-3)
+    for _ in range(PLAIN_SAMPLES):
+        c.record_target(16, 1, 2e-3)
     assert {x.k for x in h.choose(good)} == {4}  # timed, and a draft accepted in full still pays
 
 
@@ -928,7 +947,8 @@ def test_draft_costs_are_sampled_in_steady_rounds_only(tiny, target_lm):
     """The cost model's draft-phase samples come from rounds right after a drafting round: the first drafting round
     after rounds without drafts runs cold weights and catches up on every skipped token (a switching cost paid once),
     and would make drafting look dearer than it is to a policy deciding whether to keep drafting. Its plain-step
-    samples, symmetrically, come from rounds right after a round without drafts."""
+    samples, symmetrically, come from rounds right after a round without drafts, and never from a round right after
+    a prefill (the same cold weights)."""
     from speclab.engine import Scheduler
     from speclab.engine.request import Request
     from speclab.engine.sampling import SamplingParams
@@ -945,8 +965,9 @@ def test_draft_costs_are_sampled_in_steady_rounds_only(tiny, target_lm):
     drafted = [any(i < len(r.history) and r.history[i][0] for r in reqs) for i in range(rounds)]  # round i + 1
     steady = [i + 1 for i in range(1, rounds) if drafted[i] and drafted[i - 1]]
     assert sampled == steady and 0 < len(steady) < sum(drafted)
-    # plain steps likewise: only rounds after a round without drafts (the first round has none before it)
-    steady_plain = [i + 1 for i in range(rounds) if not drafted[i] and (i == 0 or not drafted[i - 1])]
+    # plain steps likewise: only rounds after a round without drafts, and not the first (its step prefilled the rows
+    # just before it: every request is admitted at once here)
+    steady_plain = [i + 1 for i in range(1, rounds) if not drafted[i] and not drafted[i - 1]]
     assert plain == steady_plain and 0 < len(steady_plain) < rounds - sum(drafted)
 
 
@@ -1216,8 +1237,11 @@ def test_bench_tracker_fit_smoke(tmp_path, capsys):
     rep = json.loads(out.read_text())
     assert set(rep["relative_log_loss"]) == {"json:1", "json:2"} and rep["best"] in rep["mean"]
     defaults = f"{rep['defaults']['decay']}/{rep['defaults']['prior_weight']}"
-    assert all(r[defaults] == pytest.approx(1.0) for r in rep["relative_log_loss"].values())
-    assert len(rep["histories"]["json:1"]) == 4 and "best: decay/weight" in capsys.readouterr().out
+    own = f"prior={rep['defaults']['position_prior']}"
+    assert all(r[defaults] == pytest.approx(1.0) and r[own] == pytest.approx(1.0)
+               for r in rep["relative_log_loss"].values())
+    assert {"prior=chain", "prior=population", "prior=logit"} <= set(rep["mean"])
+    assert len(rep["histories"]["json:1"]) == 4 and "best: " in capsys.readouterr().out
 
 
 def test_survival_is_the_product_of_the_conditionals():

@@ -14,7 +14,7 @@ import json
 import math
 import time
 
-from ..engine.policies import AcceptanceTracker, PolicyView, RowView
+from ..engine.policies import POSITION_PRIORS, AcceptanceTracker, PolicyView, RowView
 
 GRID_DECAY = (0.8, 0.9, 0.95, 0.98)
 GRID_WEIGHT = (1.0, 2.0, 4.0, 8.0, 16.0)
@@ -54,16 +54,20 @@ def replay_log_loss(histories: list[list[tuple[int, int]]], k_max: int, concurre
 
 
 def fit_table(histories: dict[str, list], k_max: int, concurrency: int = CONCURRENCY, decays=GRID_DECAY,
-              weights=GRID_WEIGHT) -> dict:
-    """Log-loss of every (decay, prior_weight) on every key of ``histories`` ('workload:k' -> requests'
+              weights=GRID_WEIGHT, priors=POSITION_PRIORS) -> dict:
+    """Log-loss of every (decay, prior_weight) (with the default position prior) and of every position prior (with
+    the default decay and weight, columns 'prior=KIND') on every key of ``histories`` ('workload:k' -> requests'
     histories), relative to the tracker's defaults; the setting with the lowest mean relative loss."""
     defaults = AcceptanceTracker(k_max)
-    base_params = dict(decay=defaults.decay, prior_weight=defaults.w)
+    base_params = dict(decay=defaults.decay, prior_weight=defaults.w, position_prior=defaults.position_prior)
+    settings = {f"{d}/{w}": dict(decay=d, prior_weight=w) for d in decays for w in weights}
+    settings.update({f"prior={p}": dict(decay=defaults.decay, prior_weight=defaults.w, position_prior=p)
+                     for p in priors})
     rows = {}
     for key, hs in histories.items():
         base = replay_log_loss(hs, k_max, concurrency, **base_params)[0]
-        rows[key] = {f"{d}/{w}": replay_log_loss(hs, k_max, concurrency, decay=d, prior_weight=w)[0] / base
-                     for d in decays for w in weights}
+        rows[key] = {name: replay_log_loss(hs, k_max, concurrency, **params)[0] / base
+                     for name, params in settings.items()}
     mean = {s: sum(r[s] for r in rows.values()) / len(rows) for s in next(iter(rows.values()))} if rows else {}
     best = min(mean, key=mean.get) if mean else None
     return {"defaults": base_params, "relative_log_loss": rows, "mean": mean, "best": best}
@@ -104,14 +108,15 @@ def run_tracker_fit(args) -> int:
     k_max = max(ks)
     table = fit_table(hist, k_max)
     settings = list(table["mean"])
+    d = table["defaults"]
     print(f"tracker fit: draft {drafter}, workloads {','.join(workloads)}, fixed k {ks}, {args.max_new_tokens} new "
-          f"tokens, concurrency {CONCURRENCY}; log-loss relative to the defaults (decay {table['defaults']['decay']}, "
-          f"prior_weight {table['defaults']['prior_weight']}); lower is better")
-    print("decay/weight".ljust(16) + "".join(s.rjust(10) for s in settings))
+          f"tokens, concurrency {CONCURRENCY}; log-loss relative to the defaults (decay {d['decay']}, "
+          f"prior_weight {d['prior_weight']}, position prior {d['position_prior']}); lower is better")
+    print("decay/weight".ljust(16) + "".join(s.rjust(max(10, len(s) + 1)) for s in settings))
     for key, r in table["relative_log_loss"].items():
-        print(key.ljust(16) + "".join(f"{r[s]:10.3f}" for s in settings))
-    print("mean".ljust(16) + "".join(f"{table['mean'][s]:10.3f}" for s in settings))
-    print(f"best: decay/weight {table['best']} ({table['mean'][table['best']]:.3f} of the defaults' log-loss); "
+        print(key.ljust(16) + "".join(f"{r[s]:.3f}".rjust(max(10, len(s) + 1)) for s in settings))
+    print("mean".ljust(16) + "".join(f"{table['mean'][s]:.3f}".rjust(max(10, len(s) + 1)) for s in settings))
+    print(f"best: {table['best']} ({table['mean'][table['best']]:.3f} of the defaults' log-loss); "
           f"{time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as f:

@@ -51,6 +51,9 @@ from collections import deque
 _CALIBRATIONS: dict[tuple, tuple[dict, dict, float]] = {}  # (models, grid) -> (target, draft per step, seconds)
 
 
+PLAIN_SAMPLES = 3  # plain steps timed online at a load level before a policy trusts its plain estimate there
+
+
 def row_bucket(n: int) -> int:
     """n rounded up to a power of two (kept for callers that group by load level)."""
     return 1 << max(0, (max(1, n) - 1).bit_length())
@@ -171,6 +174,7 @@ class OnlineCosts:
         self._recent: dict[tuple, deque] = {}  # (table, n, T) -> the last `window` samples
         self._ratios: dict[tuple, deque] = {}  # (table, load level, one token?) -> recent online / calibrated ratios
         self._prefill: deque = deque(maxlen=window)  # draft prefill: recent seconds per token
+        self._plain_seen: dict[int, int] = {}  # row_bucket -> plain steps timed online there
         self.version = 0  # bumped by every record: policies may cache predictions per version
         self.calibration_s = 0.0  # time spent calibrating (outside any timed region)
         self.frozen = False  # True: records are ignored (a fixed, hand-built table: tests and what-if runs)
@@ -237,6 +241,9 @@ class OnlineCosts:
     def record_target(self, n: int, T: int, seconds: float) -> None:
         with self.lock:
             self._record("target", self._target, n, T, seconds)
+            if T == 1 and not self.frozen:
+                b = row_bucket(n)
+                self._plain_seen[b] = self._plain_seen.get(b, 0) + 1
 
     def record_draft(self, n: int, steps: int, seconds: float) -> None:
         """The whole draft phase of a round: ``steps`` draft steps for ``n`` rows took ``seconds``."""
@@ -312,12 +319,14 @@ class OnlineCosts:
             return (self._target.near(n, lambda t: t == 1), self._target.near(n, lambda t: t > 1),
                     self._draft.near(n, lambda t: True))
 
-    def plain_timed(self, n: int) -> bool:
-        """A plain step timed online (not only calibrated) at a row count within 2x of n. A policy that drafts from
-        the start never times one, and its plain-step estimate is then the calibration scaled by what other load
-        levels or the verify blocks drifted to, which can be far off (:class:`~speclab.engine.policies.PlainCheck`)."""
-        with self.lock:
-            return any(T == 1 and n / 2 <= m <= 2 * n for m, T in self._target.val)
+    def plain_samples(self, n: int) -> int:
+        """Plain steps timed online (not only calibrated) at n's load level (row counts rounded up to a power of
+        two). A policy that drafts from the start never times one, and its plain-step estimate is then the
+        calibration scaled by what other load levels or the verify blocks drifted to, which can be far off; one
+        sample alone sets the estimate at its shape (the calibrated prior is rescaled by it), so a policy wants
+        :data:`PLAIN_SAMPLES` of them (:class:`~speclab.engine.policies.PlainCheck`; the scheduler times every
+        steady plain round until a level has them)."""
+        return self._plain_seen.get(row_bucket(n), 0)
 
     def snapshot(self) -> dict:
         with self.lock:

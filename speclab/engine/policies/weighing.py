@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..costs import row_bucket
+from ..costs import PLAIN_SAMPLES, row_bucket
 from .base import Choice, PolicyView
 from .tracker import AcceptanceTracker, expected_tokens
 
@@ -243,23 +243,25 @@ class ProbeBudget:
 
 
 class PlainCheck:
-    """Times the plain step at a load level where the policy would draft but no plain step has been timed online
-    (:meth:`OnlineCosts.plain_timed`): a policy drafting from its first round never runs the steady plain rounds
-    the scheduler times, so its plain-step estimate stays the calibration scaled by what other load levels or the
-    verify blocks drifted to. Measured: 16 rows on the mixed stream, goodput read a plain round as 12.7 ms (a
-    plain-round overhead extrapolated from 2 rows, and 2 rows' drift) where plain rounds took 5.4 ms, so it drafted
-    k = 1 at a predicted 1.17x and realized 0.93x plain. Before drafting there it runs k = 0 rounds until one is
-    timed (the first plain round after a drafting one runs cold and is not timed; the scheduler times one steady
-    round in a few once the tables are warm), at most ``rounds`` for each load level (power-of-two row counts), so a
-    scheduler that does not record costs loses a few rounds once. A frozen table never learns: no check."""
+    """Times the plain step at a load level where the policy would draft but fewer than :data:`PLAIN_SAMPLES` plain
+    steps were timed online (:meth:`OnlineCosts.plain_samples`): a policy drafting from its first round never runs
+    the steady plain rounds the scheduler times, so its plain-step estimate stays the calibration scaled by what
+    other load levels or the verify blocks drifted to. Measured: 16 rows on the mixed stream, goodput read a plain
+    round as 12.7 ms (a plain-round overhead extrapolated from 2 rows, and 2 rows' drift) where plain rounds took
+    5.4 ms, so it drafted k = 1 at a predicted 1.17x and realized 0.93x plain. One sample is not enough (it sets
+    the estimate at its shape alone; on code at 4 rows one read 3.9 ms where plain rounds took 2.7 ms). Before
+    drafting there it runs k = 0 rounds until the level has them (the first plain round after a drafting one runs
+    cold and is not timed; the scheduler times every steady plain round until then), at most ``rounds`` for each
+    load level (power-of-two row counts), so a scheduler that does not record costs loses a few rounds once. A
+    frozen table never learns: no check."""
 
-    def __init__(self, rounds: int = 6):
+    def __init__(self, rounds: int = 8):
         self.rounds = rounds
         self.spent: dict[int, int] = {}  # row_bucket -> plain rounds run to time the plain step there
 
     def due(self, costs, n: int) -> bool:
         """Run this round (n rows) at k = 0 to time the plain step? Counts the round when it says yes."""
-        if costs is None or costs.frozen or costs.plain_timed(n):
+        if costs is None or costs.frozen or costs.plain_samples(n) >= PLAIN_SAMPLES:
             return False
         b = row_bucket(n)
         used = self.spent.get(b, 0)
