@@ -815,6 +815,34 @@ def test_time_shapes_times_plain_steps_one_after_another():
     assert calls == per_rows * 2
 
 
+def test_time_shapes_min_is_not_moved_by_a_preempted_run():
+    """Runs preempted by another process only get slower: the fastest of them (``stat="min"``, what servers and the
+    policies benchmark calibrate with) reads the shape's cost where a median of few runs takes the preemptions."""
+    now, durations = [0.0], []
+
+    class Cache:
+        def forward(self, toks, start, kv_len):
+            if toks.shape[1] == 1 and kv_len > 8:  # the timed one-token forwards (not the context's prefill)
+                now[0] += durations.pop(0)
+
+        def commit(self, lengths):
+            pass
+
+    class LM:
+        device, vocab_size = torch.device("cpu"), 50
+
+        def new_cache(self, n, slots):
+            return Cache()
+
+    runs = [9.0, 1.0, 5.0, 6.0]  # a warm-up, then three runs, two of them preempted
+    durations[:] = runs
+    assert time_shapes(LM(), (1,), (1,), 8, 3, clock=lambda: now[0])[(1, 1)] == 5.0
+    durations[:] = runs
+    assert time_shapes(LM(), (1,), (1,), 8, 3, clock=lambda: now[0], stat="min")[(1, 1)] == 1.0
+    with pytest.raises(ValueError):
+        time_shapes(LM(), (1,), (1,), 8, 3, stat="mean")
+
+
 def test_calibration_rows():
     from speclab.engine.costs import calibration_rows
 

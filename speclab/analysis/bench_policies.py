@@ -209,7 +209,7 @@ def interleave(scheds, clock=time.perf_counter, offset: int = 0) -> list[float]:
 def run_policies(args) -> int:
     from ..drafters import make_drafter
     from ..engine import SpeculativeDecoder, make_policy
-    from ..engine.costs import calibration_rows
+    from ..engine.costs import ROBUST_REPS, ROBUST_STAT, calibration_rows
     from ..engine.policies import ADAPTIVE, POLICIES
     from ..workloads import load_workload, workload_names
     from .sweep import cached_model
@@ -248,7 +248,7 @@ def run_policies(args) -> int:
     ctx = lens[len(lens) // 2] + M // 2
     t0 = time.perf_counter()
     spec.costs.calibrate(target, drafter, rows=calibration_rows(*levels), tokens=tuple(range(1, K + 2)),
-                         context=ctx)  # by wall clock, as the scheduler measures online
+                         context=ctx, reps=ROBUST_REPS, stat=ROBUST_STAT)  # by wall clock, as the scheduler measures
     calib_s = time.perf_counter() - t0
     log(f"[policies] calibrated step costs in {calib_s:.1f} s (not timed)")
     for B in levels:

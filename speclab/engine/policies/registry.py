@@ -18,13 +18,15 @@ def seed_costs(policy, costs, target, drafter, rows: int, context: int = 96) -> 
     """Calibrate ``costs`` (:class:`~speclab.engine.costs.OnlineCosts`) for every shape ``policy`` chooses
     between at up to ``rows`` rows (k = 0..K), before any timed work, when it weighs step costs (the adaptive
     policies): the seconds spent, or None for a policy that does not read them. A model drafter's draft phases
-    are timed as they run (:func:`~speclab.engine.costs.time_draft_phases`); other drafters' are learnt online."""
+    are timed as they run (:func:`~speclab.engine.costs.time_draft_phases`); other drafters' are learnt online. The
+    fastest of a few runs of each shape (``ROBUST_STAT``): other processes calibrating at the same moment (servers
+    started together) preempt some runs, and a median of three took them."""
     if policy.name not in ADAPTIVE or policy.k_max == 0:
         return None
-    from ..costs import calibration_rows
+    from ..costs import ROBUST_REPS, ROBUST_STAT, calibration_rows
 
     return costs.calibrate(target, drafter, rows=calibration_rows(rows), tokens=tuple(range(1, policy.k_max + 2)),
-                           context=context)
+                           context=context, reps=ROBUST_REPS, stat=ROBUST_STAT)
 
 
 def make_policy(spec, k: int = 4) -> Policy:
