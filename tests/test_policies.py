@@ -813,6 +813,9 @@ def test_time_shapes_times_plain_steps_one_after_another():
     assert set(out) == {(n, T) for n in (1, 2) for T in (1, 2, 3)}
     per_rows = [8, 1, 1, 1, 2, 3, 2, 3, 2, 3]  # the context's prefill, 1 x (reps + 1), then the rest round-robin
     assert calls == per_rows * 2
+    calls.clear()
+    time_shapes(LM(), (1,), (1, 2, 3), context=8, reps=2, plain_apart=False)  # bench --synthetic's way
+    assert calls == [8, 1, 2, 3, 1, 2, 3, 1, 2, 3]
 
 
 def test_time_shapes_min_is_not_moved_by_a_preempted_run():

@@ -534,7 +534,7 @@ def run_synthetic(args) -> int:
                 acc[(B, label)] = counts[label]
                 if label not in ("plain", "prefill"):
                     ident[(B, label)] = ident.get((B, label), True) and outs[label] == outs["plain"]
-        shapes.append(time_shapes(target, rows, widths, ctx, 3, clock=clock))
+        shapes.append(time_shapes(target, rows, widths, ctx, 3, clock=clock, plain_apart=False))
         log(f"[synthetic] repetition {rep + 1}/{g['reps']} done ({time.perf_counter() - t_run:.0f} s)")
 
     # ---- the model: forwards timed in every repetition (median), per-round overhead o(B) from the plain runs

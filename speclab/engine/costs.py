@@ -407,7 +407,7 @@ def _reduce(stat: str):
 
 
 def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = None, clock=time.perf_counter,
-                stat: str = "median") -> dict:
+                stat: str = "median", plain_apart: bool = True) -> dict:
     """Median seconds of a cached forward of T new tokens per row after ``context`` positions, for every
     n in ``rows`` and T in ``tokens``. One cache per row count; every call writes the same slots. One-token
     forwards (plain decode steps) are timed one after another, as plain decoding runs them, and the wider ones
@@ -415,7 +415,8 @@ def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = N
     ``FEW_ROWS`` in ``speclab.models.native_llama``), so a step timed right after a wider forward runs with those
     weights cold. Timed round-robin with the verify widths, one row's plain step read 2.3 ms against 1.9 ms for a
     forward of two tokens, where plain decoding took 1.8-1.9 ms a step and the scheduler timed its forward at
-    1.6 ms."""
+    1.6 ms. ``plain_apart=False``: every width round-robin (``bench --synthetic``, whose cost model is validated
+    with forwards timed that way)."""
     import torch
 
     reduce = _reduce(stat)
@@ -431,7 +432,9 @@ def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = N
             cache.commit(zero + context)
             toks = {T: torch.randint(0, V, (n, T), device=dev) for T in tokens}
             times = {T: [] for T in tokens}
-            for group in ([T for T in tokens if T == 1], [T for T in tokens if T != 1]):
+            groups = ([T for T in tokens if T == 1], [T for T in tokens if T != 1]) if plain_apart else \
+                ([], list(tokens))
+            for group in groups:
                 for i in range(reps + 1 if group else 0):
                     for T in group:
                         if cuda:
