@@ -790,15 +790,11 @@ def test_online_costs_copy_learns_apart():
     assert c.version == b.version < a.version
 
 
-def test_time_shapes_times_plain_steps_one_after_another():
-    """On the CPU a one-token step reads the other layout of the weights, so one timed right after a wider forward
-    runs cold; plain decoding runs them back to back. The one-token forwards are timed consecutively (after one
-    warm-up), the wider ones round-robin among themselves."""
-    calls = []
-
+def _fake_lm(on_forward):
+    """A model class for ``time_shapes`` whose cache forwards only call ``on_forward(tokens, kv_len)``."""
     class Cache:
         def forward(self, toks, start, kv_len):
-            calls.append(toks.shape[1])
+            on_forward(toks, kv_len)
 
         def commit(self, lengths):
             pass
@@ -809,6 +805,15 @@ def test_time_shapes_times_plain_steps_one_after_another():
         def new_cache(self, n, slots):
             return Cache()
 
+    return LM
+
+
+def test_time_shapes_times_plain_steps_one_after_another():
+    """On the CPU a one-token step reads the other layout of the weights, so one timed right after a wider forward
+    runs cold; plain decoding runs them back to back. The one-token forwards are timed consecutively (after one
+    warm-up), the wider ones round-robin among themselves."""
+    calls = []
+    LM = _fake_lm(lambda toks, kv_len: calls.append(toks.shape[1]))
     out = time_shapes(LM(), (1, 2), (1, 2, 3), context=8, reps=2)
     assert set(out) == {(n, T) for n in (1, 2) for T in (1, 2, 3)}
     per_rows = [8, 1, 1, 1, 2, 3, 2, 3, 2, 3]  # the context's prefill, 1 x (reps + 1), then the rest round-robin
@@ -823,20 +828,11 @@ def test_time_shapes_min_is_not_moved_by_a_preempted_run():
     policies benchmark calibrate with) reads the shape's cost where a median of few runs takes the preemptions."""
     now, durations = [0.0], []
 
-    class Cache:
-        def forward(self, toks, start, kv_len):
-            if toks.shape[1] == 1 and kv_len > 8:  # the timed one-token forwards (not the context's prefill)
-                now[0] += durations.pop(0)
+    def forward(toks, kv_len):
+        if toks.shape[1] == 1 and kv_len > 8:  # the timed one-token forwards (not the context's prefill)
+            now[0] += durations.pop(0)
 
-        def commit(self, lengths):
-            pass
-
-    class LM:
-        device, vocab_size = torch.device("cpu"), 50
-
-        def new_cache(self, n, slots):
-            return Cache()
-
+    LM = _fake_lm(forward)
     runs = [9.0, 1.0, 5.0, 6.0]  # a warm-up, then three runs, two of them preempted
     durations[:] = runs
     assert time_shapes(LM(), (1,), (1,), 8, 3, clock=lambda: now[0])[(1, 1)] == 5.0

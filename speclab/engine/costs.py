@@ -367,7 +367,7 @@ class OnlineCosts:
                   stat: str = "median") -> float:
         """Time target forwards of every (rows x tokens) shape and the draft (``draft``: a drafter, an LM or None; a
         drafter without a model, such as prompt lookup, counts as None) per row count, each against a cache of
-        ``context`` positions, median of ``reps`` timed runs after one warm-up, timed round-robin over the shapes. The
+        ``context`` positions, ``stat`` of ``reps`` timed runs after one warm-up (see :func:`time_shapes`). The
         results are a prior (see the module docstring). A drafter with a model: its whole draft phase of s = 1..K steps
         as a round runs it (:func:`time_draft_phases`); an LM: one draft step, a phase of s steps calibrated as s steps
         (leaves out the catch-up forward and the host work around each step: at 64 rows a one-step phase runs about
@@ -408,15 +408,15 @@ def _reduce(stat: str):
 
 def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = None, clock=time.perf_counter,
                 stat: str = "median", plain_apart: bool = True) -> dict:
-    """Median seconds of a cached forward of T new tokens per row after ``context`` positions, for every
-    n in ``rows`` and T in ``tokens``. One cache per row count; every call writes the same slots. One-token
-    forwards (plain decode steps) are timed one after another, as plain decoding runs them, and the wider ones
-    round-robin among themselves: on the CPU a one-row step reads the other layout of the weights (see
-    ``FEW_ROWS`` in ``speclab.models.native_llama``), so a step timed right after a wider forward runs with those
-    weights cold. Timed round-robin with the verify widths, one row's plain step read 2.3 ms against 1.9 ms for a
-    forward of two tokens, where plain decoding took 1.8-1.9 ms a step and the scheduler timed its forward at
-    1.6 ms. ``plain_apart=False``: every width round-robin (``bench --synthetic``, whose cost model is validated
-    with forwards timed that way)."""
+    """Seconds of a cached forward of T new tokens per row after ``context`` positions (``stat``: the median or the
+    fastest of ``reps`` timed runs after one warm-up), for every n in ``rows`` and T in ``tokens``. One cache per row
+    count; every call writes the same slots. One-token forwards (plain decode steps) are timed one after another, as
+    plain decoding runs them, and the wider ones round-robin among themselves: on the CPU a one-row step reads the
+    other layout of the weights (see ``FEW_ROWS`` in ``speclab.models.native_llama``), so a step timed right after a
+    wider forward runs with those weights cold. Timed round-robin with the verify widths, one row's plain step read
+    2.3 ms against 1.9 ms for a forward of two tokens, where plain decoding took 1.8-1.9 ms a step and the scheduler
+    timed its forward at 1.6 ms. ``plain_apart=False``: every width round-robin (``bench --synthetic``, whose cost
+    model is validated with forwards timed that way)."""
     import torch
 
     reduce = _reduce(stat)
@@ -453,17 +453,19 @@ def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = N
 
 def time_draft_phases(drafter, rows, max_steps: int, context: int, reps: int, vocab: int,
                       clock=time.perf_counter, stat: str = "median") -> dict:
-    """Median seconds of a model drafter's whole draft phase, as the scheduler runs it (``drafter.propose``: the
-    catch-up forward, every step, the host work around them), for n in ``rows`` and s = 1..``max_steps`` steps, greedy,
-    at ``context`` positions. Half the timed phases catch up on one token (after a rejection), half on two (after a
-    round whose drafts were all accepted: the bonus token). Runs on a shallow copy of ``drafter`` (its own cache; the
-    weights shared), so a drafter in use keeps its state. One warm-up pass, then ``reps`` passes round-robin.
-    ``stat`` "min": the mean of the two catch-ups' fastest runs."""
+    """Seconds of a model drafter's whole draft phase (``stat`` of the timed runs), as the scheduler runs it
+    (``drafter.propose``: the catch-up forward, every step, the host work around them), for n in ``rows`` and
+    s = 1..``max_steps`` steps, greedy, at ``context`` positions. Half the timed phases catch up on one token (after
+    a rejection), half on two (after a round whose drafts were all accepted: the bonus token). Runs on a shallow copy
+    of ``drafter`` (its own cache; the weights shared), so a drafter in use keeps its state. One warm-up pass, then
+    ``reps`` passes round-robin. ``stat`` "min": the mean of the two catch-ups' fastest runs."""
     import copy
 
     import torch
 
     from ..drafters.base import DraftContext
+
+    reduce = _reduce(stat)
     from .sampling import RowParams, SamplingParams
 
     d = copy.copy(drafter)
@@ -498,5 +500,5 @@ def time_draft_phases(drafter, rows, max_steps: int, context: int, reps: int, vo
                 if stat == "min":
                     out[(n, s)] = (min(times[(s, 1)]) + min(times[(s, 2)])) / 2
                 else:
-                    out[(n, s)] = _reduce(stat)(times[(s, 1)] + times[(s, 2)])
+                    out[(n, s)] = reduce(times[(s, 1)] + times[(s, 2)])
     return out

@@ -45,7 +45,7 @@ class Goodput:
     (``probe_budget`` of the time spent at k = 0, halved after each probe that found nothing, at most
     ``probe_backoff`` times) allows and the probe is :func:`worth_probing` (so it notices
     acceptance coming back; never at a load where only an implausible acceptance would pay). Before drafting at a
-    load level where no plain step was timed online, it times one (:class:`PlainCheck`)."""
+    load level with fewer than ``PLAIN_SAMPLES`` plain steps timed online, it times them (:class:`PlainCheck`)."""
 
     k_max: int = 4
     probe_every: int = 8

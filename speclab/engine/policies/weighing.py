@@ -340,8 +340,8 @@ class CostGate:
     reopen it (a probe at a load where even a good draft loses would be pure waste). Without a plain step timed at
     a row count near this one it runs one plain round (rules such as Hugging Face's never draft fewer than one
     token, so nothing else would time it, and the gate would stay open for good); without a draft or verify timed
-    there it lets the rule through (so those get measured). Before letting drafts through at a load level where no
-    plain step was timed online, it times one (:class:`PlainCheck`)."""
+    there it lets the rule through (so those get measured). Before letting drafts through at a load level with fewer
+    than ``PLAIN_SAMPLES`` plain steps timed online, it times them (:class:`PlainCheck`)."""
 
     def __init__(self, tracker: AcceptanceTracker, probe_every: int = 16, probe_budget: float = 0.05,
                  margin: float = SWITCH_MARGIN, probe_backoff: int = 2):
