@@ -1211,6 +1211,46 @@ def test_interleave_rotates_and_charges_each_its_own_steps():
     assert order == ["a", "b", "b", "a"]
 
 
+def test_interleave_shuffled_puts_every_configuration_after_every_other():
+    """Rotated, a configuration always runs right after the same one (on the CPU its time then carries that
+    neighbour's weight layout); shuffled each cycle, every ordered pair of neighbours comes up, each configuration is
+    stepped once per cycle, and the same seed gives the same order."""
+    import random
+    from collections import Counter
+
+    from speclab.analysis.bench_policies import interleave
+
+    order = []
+
+    class Fake:
+        def __init__(self, name, steps):
+            self.name, self.left = name, steps
+
+        @property
+        def idle(self):
+            return self.left == 0
+
+        def step(self):
+            order.append(self.name)
+            self.left -= 1
+
+    def pairs(seq, n):  # (before, after) within each cycle of n steps
+        return Counter((seq[i], seq[i + 1]) for c in range(0, len(seq), n) for i in range(c, c + n - 1))
+
+    interleave([Fake(x, 60) for x in "abcd"])
+    assert set(pairs(order, 4)) == {("a", "b"), ("b", "c"), ("c", "d"), ("d", "a")}  # rotated: fixed neighbours
+    order.clear()
+    spent = interleave([Fake(x, 60) for x in "abcd"], shuffle=random.Random(0))
+    first = list(order)
+    assert len(first) == 240 and all(sorted(first[c:c + 4]) == list("abcd") for c in range(0, 240, 4))
+    seen = pairs(first, 4)
+    assert len(seen) == 12 and min(seen.values()) >= 5  # all 12 ordered pairs, none rare
+    assert len(spent) == 4
+    order.clear()
+    interleave([Fake(x, 60) for x in "abcd"], shuffle=random.Random(0))
+    assert order == first
+
+
 def test_decoder_scheduler_is_what_generate_drives(tiny, target_lm):
     """``SpeculativeDecoder.scheduler``: the scheduler ``generate`` would run, prompts submitted, stepped by the caller;
     its output equals ``generate``'s."""

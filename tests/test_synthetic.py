@@ -130,7 +130,7 @@ def test_cost_is_burnt(target_lm):
 
 # ----------------------------------------------------------------------------------- the cost model side
 def test_round_plan_hand_built():
-    from speclab.analysis.bench_policies import predict_decode_time, round_plan
+    from speclab.analysis.bench_policies import parts_round_time, predict_decode_time, round_plan
 
     # always accepted, k 2, budget 3, one row: one round of width 2
     assert round_plan(1.0, 2, 3, 1) == [(1.0, 1.0, [0.0, 0.0, 1.0])]
@@ -142,11 +142,33 @@ def test_round_plan_hand_built():
     assert plan[0][0] == 1.0 and plan[0][1] == 2.0
     assert plan[1][0] == pytest.approx(0.75) and plan[1][1] == pytest.approx(2 * 0.5 / 0.75)
     assert plan[1][2] == pytest.approx([1.0, 0.0])  # 1 token left: no drafts
-    # decode time: each round = c w f(n,1) + f(n,w+1) + o(n)
-    t = predict_decode_time(1.0, 2, 0.5, 1, 3, lambda n, T: 1.0 * T, lambda n: 0.25)
-    assert t == pytest.approx(0.5 * 2 * 1 + 3 + 0.25)
-    t0 = predict_decode_time(0.0, 1, 0.0, 1, 4, lambda n, T: 1.0, lambda n: 0.0)
-    assert t0 == pytest.approx(4.0)
+    # decode time: the rounds' times, each round = c w f(n,1) + f(n,w+1) + o(n) when priced from its parts
+    parts = parts_round_time(0.5, lambda n, T: 1.0 * T, lambda n: 0.25)
+    assert predict_decode_time(1.0, 2, 1, 3, parts) == pytest.approx(0.5 * 2 * 1 + 3 + 0.25)
+    assert predict_decode_time(0.0, 1, 1, 4, lambda n, w: 1.0) == pytest.approx(4.0)
+    # 2 rows, alpha 0.5, k 1, budget 2: round 1 at width 1, round 2 (p 0.75) at width 0
+    assert predict_decode_time(0.5, 1, 2, 2, lambda n, w: 10.0 + w) == pytest.approx(11.0 + 0.75 * 10.0)
+
+
+def test_round_times_solved_from_batches_that_accept_nothing():
+    """A batch at alpha 0 and k runs ``budget`` rounds, the last k narrower; its time is the sum of its rounds, and
+    widths not calibrated lie on the line between the calibrated ones around them. Built from known round times,
+    the batches' times give them back."""
+    from speclab.analysis.bench_policies import calibration_widths, round_times_from_calibration, widths_line
+
+    assert calibration_widths(2, 4) == [2, 2, 1, 0]
+    assert calibration_widths(4, 3) == [2, 1, 0]  # a budget shorter than k: every round capped
+    assert widths_line({0: 1.0, 2: 3.0}, 1) == 2.0 and widths_line({0: 1.0, 2: 3.0}, 2) == 3.0
+    assert round_times_from_calibration(1.0, {1: 5.0}, 3) == {0: 1.0, 1: 2.0}  # widths 1, 1, 0
+    true = {0: 2.0, 1: 2.5, 2: 3.0, 3: 3.6, 4: 4.2, 5: 5.0, 6: 5.8, 7: 6.6, 8: 7.4}  # linear between 0, 1, 2, 4, 8
+    budget = 31
+    batches = {k: sum(true[w] for w in calibration_widths(k, budget)) for k in (1, 2, 4, 8)}
+    got = round_times_from_calibration(true[0], batches, budget)
+    assert set(got) == {0, 1, 2, 4, 8}
+    for w, t in got.items():
+        assert t == pytest.approx(true[w])
+    # a round at width 3 read off the line between 2 and 4
+    assert widths_line(got, 3) == pytest.approx(3.6)
 
 
 @pytest.mark.slow
@@ -170,6 +192,9 @@ def test_bench_synthetic_smoke(tmp_path, capsys):
         assert c["identical"] and c["measured_speedup"] > 0 and c["predicted_speedup"] > 0
         assert len(c["rep_speedups"]) == 1 and c["rep_spread"] >= 0
         assert abs(c["measured_acceptance"] - c["alpha"]) < 0.5
+        assert c["parts_predicted_speedup"] > 0
+    assert rep["calibration_identical"]
+    assert set(rep["round_ms"]) == {"1", "2"} and set(rep["round_ms"]["1"]) == {"0", "1", "2"}
     assert {"model_error_to_crossover", "model_error_all", "all_identical", "cells_repeatable_15pct"} <= set(
         rep["targets"])
     assert "target model_error_to_crossover" in capsys.readouterr().out

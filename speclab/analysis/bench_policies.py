@@ -23,18 +23,21 @@ speedups); no adaptive policy below 0.97x plain in any cell.
 **--synthetic.** The synthetic drafter (``synthetic:ALPHA:C``) at every (alpha, k, batch), greedy,
 EOS ignored (every row emits exactly ``--max-new-tokens``), prompts cut to their first 32 tokens,
 each against plain decoding at the same batch. The decode-phase speedup (a prefill-only run
-subtracted from both) is compared with the cost model: rounds of n active rows cost C*w*t(n,1) (the
-synthetic draft's burn) + t(n, w+1) (verify) + o(n) (per-round host work), w the round's widest
-draft; t from target forwards timed between the runs of every repetition (median; same clock), o(n) from the plain
-runs (decode time per step minus t(n,1)); the number of rounds, the active rows and the widest draft
-per round follow exactly from alpha, k and the budget (:func:`round_plan`). Leviathan et al.'s
-formula with the measured verify cost, E[tokens]/(k C + v), is printed beside it.
+subtracted from both) is compared with the cost model: the number of rounds, the active rows and the widest draft
+w per round follow exactly from alpha, k and the budget (:func:`round_plan`), and a round of n rows at width w
+costs what it costs in the decode loop, measured by calibration batches that accept nothing (alpha 0, one per k;
+:func:`round_times_from_calibration`) and the plain runs (w = 0). Beside it: the prediction from a round's parts
+timed apart, C*w*t(n,1) (the synthetic draft's burn) + t(n, w+1) (verify) + o(n) (per-round host work; t from
+target forwards timed between the runs of every repetition, o(n) from the plain runs), the prediction at the
+acceptance the draws realized (:func:`draws`), and Leviathan et al.'s formula with the measured verify cost,
+E[tokens]/(k C + v). Every configuration runs interleaved step by step in a fresh random order each cycle.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import statistics
 import sys
 import time
@@ -173,10 +176,12 @@ def at_concurrency(target, drafter, policy, prompts: list[list[int]], concurrenc
 
 
 def lockstep(target, runs: list[tuple], prompts: list[list[int]], concurrency: int, max_new_tokens: int,
-             costs=None, seed: int = 0, clock=time.perf_counter, offset: int = 0) -> list[tuple[int, float, list]]:
+             costs=None, seed: int = 0, clock=time.perf_counter, offset: int = 0,
+             shuffle=None) -> list[tuple[int, float, list]]:
     """:func:`at_concurrency` for several configurations at once, interleaved step by step: ``runs`` is a list of
     (drafter or None, policy) pairs, each with its own scheduler over the same ``prompts``; one cycle steps every
-    unfinished scheduler once (the order rotating each cycle, starting at ``offset``), and each configuration is
+    unfinished scheduler once (the order rotating each cycle, starting at ``offset``, or shuffled each cycle by
+    ``shuffle``, a ``random.Random``: :func:`interleave`), and each configuration is
     charged the time of its own steps. This machine's speed drifts by tens of percent over seconds (other work on
     the host); configurations run one after another see different speeds, while steps a few milliseconds apart see
     the same one, so ratios between configurations are far tighter. Returns (tokens generated, seconds, requests)
@@ -184,20 +189,27 @@ def lockstep(target, runs: list[tuple], prompts: list[list[int]], concurrency: i
     tables = costs if isinstance(costs, list) else [costs] * len(runs)
     scheds, reqs = zip(*[_burst(target, drafter, policy, prompts, concurrency, max_new_tokens, table, seed)
                          for (drafter, policy), table in zip(runs, tables)])
-    spent = interleave(scheds, clock, offset)
+    spent = interleave(scheds, clock, offset, shuffle)
     return [(sum(len(r.generated) for r in rs), t, rs) for rs, t in zip(reqs, spent)]
 
 
-def interleave(scheds, clock=time.perf_counter, offset: int = 0) -> list[float]:
-    """Step every scheduler that is not idle once per cycle (the order rotating each cycle, starting at ``offset``)
-    until all are idle; returns the seconds each one's own steps took. Configurations stepped a few milliseconds
-    apart see the same machine speed (see :func:`lockstep`)."""
+def interleave(scheds, clock=time.perf_counter, offset: int = 0, shuffle=None) -> list[float]:
+    """Step every scheduler that is not idle once per cycle (the order rotating each cycle, starting at ``offset``;
+    with ``shuffle``, a ``random.Random``, a fresh order each cycle) until all are idle; returns the seconds each one's
+    own steps took. Configurations stepped a few milliseconds apart see the same machine speed (see :func:`lockstep`).
+    Rotated, every configuration runs after the same one (but at the turn of the order): on the CPU a step after one
+    that read the other layout of the weights runs them cold, so a configuration's neighbour shows in its time.
+    Shuffled, every configuration follows every other equally often."""
     spent = [0.0] * len(scheds)
     live = [i for i, s in enumerate(scheds) if not s.idle]
     cycle = offset
     while live:
-        j = cycle % len(live)
-        for i in live[j:] + live[:j]:
+        if shuffle is not None:
+            order = shuffle.sample(live, len(live))
+        else:
+            j = cycle % len(live)
+            order = live[j:] + live[:j]
+        for i in order:
             t = clock()
             scheds[i].step()
             spent[i] += clock() - t
@@ -268,11 +280,12 @@ def run_policies(args) -> int:
     # a drafter per configuration: a model draft's cache belongs to one scheduler (the weights are shared)
     drafters = {label: make_drafter(draft_name, target, load=cached_model) if pol_spec else None
                 for label, pol_spec, _ in configs}
+    order = random.Random(args.seed)  # every configuration after every other equally often (interleave)
     for rep in range(g["reps"]):
         for w, B in cells:
             out = lockstep(target, [(drafters[label], policies.get((w, B, label))) for label, _, _ in configs],
                            queue[(w, B)], B, M, [tables[label] for label, _, _ in configs], args.seed, clock,
-                           offset=rep)
+                           shuffle=order)
             for (label, pol_spec, k), (ntok, spent, reqs) in zip(configs, out):
                 key = (w, B, label)
                 runs.setdefault(key, []).append((ntok, spent))
@@ -446,16 +459,70 @@ def round_plan(alpha, k: int, budget: int, rows: int) -> list[tuple[float, float
     return plan
 
 
-def predict_decode_time(alpha, k: int, c: float, rows: int, budget: int, forward, overhead, draft=None) -> float:
-    """Expected decode-phase seconds of one synthetic batch: sum over rounds of P(run) x
-    sum_w P(width w) x [c w draft(n) + forward(n, w + 1) + overhead(n)], n = E[active rows]
-    (``forward(n, T)``: a target forward of n rows x T tokens; ``overhead(n)``: per-round host work;
-    ``draft(n)``: the target step the synthetic draft's cost is a multiple of, default forward(n, 1))."""
-    total = 0.0
-    for p_run, n, width in round_plan(alpha, k, budget, rows):
+def predict_decode_time(alpha, k: int, rows: int, budget: int, round_time) -> float:
+    """Expected decode-phase seconds of one synthetic batch: sum over rounds of P(run) x sum_w P(width w) x
+    round_time(n, w), n = E[active rows] (:func:`round_plan`; ``round_time(n, w)``: seconds of a round of n rows
+    whose widest draft is w, w = 0 a plain step)."""
+    return sum(p_run * sum(pw * round_time(n, w) for w, pw in enumerate(width) if pw)
+               for p_run, n, width in round_plan(alpha, k, budget, rows))
+
+
+def parts_round_time(c: float, forward, overhead, draft=None):
+    """A round's seconds from its parts timed apart: c w draft(n) (the synthetic draft's burn) + forward(n, w + 1)
+    (the verify forward) + overhead(n) (per-round host work) (``forward(n, T)``: a target forward of n rows x T
+    tokens; ``draft(n)``: the target step the draft's cost is a multiple of, default forward(n, 1))."""
+    def round_time(n, w):
         t1 = draft(n) if draft is not None else forward(n, 1)
-        total += p_run * sum(pw * (c * w * t1 + forward(n, w + 1) + overhead(n)) for w, pw in enumerate(width) if pw)
-    return total
+        return c * w * t1 + forward(n, w + 1) + overhead(n)
+    return round_time
+
+
+def draws(history) -> int:
+    """Acceptance draws a row's rounds made (``history``: (drafted, accepted) per round): drafts are checked in order
+    until the first rejection, so a round that accepted a of d drafted made a draws, plus one if a < d. Accepted
+    tokens over draws is the acceptance the synthetic draft realized (its maximum-likelihood alpha), which on 4
+    prompts differs from the alpha asked for by a few points. e.g. [(2, 2), (2, 0), (1, 0)] -> 2 + 1 + 1 = 4."""
+    return sum(a + (a < d) for d, a in history)
+
+
+def calibration_widths(k: int, budget: int) -> list[int]:
+    """The widest draft of each round of a batch that drafts k tokens a row and accepts none (alpha 0): every round
+    emits one token a row, and a row with m tokens left drafts at most m - 1, so all rows run in step through
+    ``budget`` rounds, the last k of them narrower. e.g. k 2, budget 4 -> [2, 2, 1, 0]."""
+    return [min(k, budget - 1 - r) for r in range(budget)]
+
+
+def widths_line(times: dict[int, float], w: float) -> float:
+    """A round's seconds at width w from those measured at some widths (``times``: width -> seconds, 0 included):
+    linear between the two measured around it. e.g. {0: 1, 2: 3}, w 1 -> 2."""
+    ws = sorted(times)
+    if w in times:
+        return times[w]
+    hi = next(x for x in ws if x > w)
+    lo = max(x for x in ws if x < w)
+    return times[lo] + (times[hi] - times[lo]) * (w - lo) / (hi - lo)
+
+
+def round_times_from_calibration(plain_round: float, calibration: dict[int, float], budget: int) -> dict[int, float]:
+    """Seconds of one round at each calibrated width, from the decode times of batches that accept nothing
+    (``calibration``: k -> decode seconds of one batch at alpha 0 and k, :func:`calibration_widths`) and a plain
+    step (``plain_round``, width 0). Each batch's time is the sum of its rounds; rounds at widths not calibrated
+    are read on the line between the calibrated widths around them, so the widths are solved from the narrowest up,
+    each a linear equation in its own time. e.g. plain 1 s, k 1 over 3 rounds (widths 1, 1, 0) taking 5 s: a round
+    at width 1 takes 2 s."""
+    times = {0: plain_round}
+    for k in sorted(calibration):
+        lo = max(times)  # the widest solved so far: widths between lo and k lie on the line to k's unknown time
+        coef, const = 0.0, 0.0
+        for w in calibration_widths(k, budget):
+            if w <= lo:
+                const += widths_line(times, w)
+            else:  # (lo, k]: t(lo) + (t(k) - t(lo)) (w - lo) / (k - lo)
+                f = (w - lo) / (k - lo)
+                coef += f
+                const += times[lo] * (1 - f)
+        times[k] = (calibration[k] - const) / coef
+    return times
 
 
 def run_synthetic(args) -> int:
@@ -487,15 +554,16 @@ def run_synthetic(args) -> int:
     burn = OnlineCosts()
     burn.calibrate(target, None, rows=rows, tokens=(1,), context=ctx, clock=clock, reps=5)
     drafters = {}
-    for a in alphas:
-        for k in ks:  # one drafter per configuration: configurations run side by side, each row with its own draws
-            d = SyntheticDrafter(target, a, c)
-            if drafters:
-                d.oracle = next(iter(drafters.values())).oracle  # one oracle per prompt for every configuration
-            else:
-                d.prepare(used, M, rows=())
-            d.step_costs, d.context, d.clock = burn, ctx, clock  # one cost unit for all, on the bench's clock
-            drafters[(a, k)] = d
+    # one drafter per configuration (the drafting calibration's first): configurations run side by side, each row
+    # with its own draws
+    for a, k in [(0.0, k) for k in ks] + [(a, k) for a in alphas for k in ks]:
+        d = SyntheticDrafter(target, a, c)
+        if drafters:
+            d.oracle = next(iter(drafters.values())).oracle  # one oracle per prompt for every configuration
+        else:
+            d.prepare(used, M, rows=())
+        d.step_costs, d.context, d.clock = burn, ctx, clock  # one cost unit for all, on the bench's clock
+        drafters[(a, k)] = d
     plain = SpeculativeDecoder(target, None)
     decs = {key: SpeculativeDecoder(target, d) for key, d in drafters.items()}
     for B in levels:
@@ -505,12 +573,17 @@ def run_synthetic(args) -> int:
     prep_s = time.perf_counter() - t0
     log(f"[synthetic] oracles, step costs and warm-up in {prep_s:.1f} s (not timed)")
 
-    configs = [("prefill", None, 0), ("plain", None, 0)] + [(f"a{a}-k{k}", a, k) for a in alphas for k in ks]
+    # calibration runs, not cells: the prefill alone, plain decoding, and drafting rounds that accept nothing (alpha 0,
+    # k = 1: every round drafts one token and emits one, so the round count is known and its time less its parts is
+    # a drafting round's own host work)
+    calib = [("prefill", None, 0), ("plain", None, 0)] + [(f"a0-k{k}", 0.0, k) for k in ks]
+    configs = calib + [(f"a{a}-k{k}", a, k) for a in alphas for k in ks]
     times: dict[tuple, list[float]] = {}
     ident: dict[tuple, bool] = {}
     acc: dict[tuple, list[int]] = {}
     shapes = []  # per repetition: target forward times by (rows, tokens), timed between the runs
     t_run = time.perf_counter()
+    order = random.Random(args.seed)
     for rep in range(g["reps"]):
         for B in levels:
             # every configuration of a group runs interleaved step by step (:func:`interleave`): this machine's
@@ -518,21 +591,22 @@ def run_synthetic(args) -> int:
             # speedups whose repetitions disagreed by 24% in the median cell
             spent = {label: 0.0 for label, _, _ in configs}
             outs = {label: [] for label, _, _ in configs}
-            counts = {label: [0, 0] for label, _, _ in configs}
+            counts = {label: [0, 0, 0] for label, _, _ in configs}  # drafted, accepted, draws (realized_alpha)
             for i, grp in enumerate(groups[B]):
                 runs = [(plain if a is None else decs[(a, k)]).scheduler(
                     grp, k=k, max_new_tokens=1 if label == "prefill" else M, seed=args.seed + i, stop_on_eos=False)
                     for label, a, k in configs]
-                took = interleave([sched for sched, _ in runs], clock, offset=rep + i)
+                took = interleave([sched for sched, _ in runs], clock, shuffle=order)
                 for (label, _, _), (_, reqs), t in zip(configs, runs, took):
                     spent[label] += t
                     outs[label].append([list(r.generated) for r in reqs])
                     counts[label][0] += sum(r.drafted for r in reqs)
                     counts[label][1] += sum(r.accepted for r in reqs)
+                    counts[label][2] += sum(draws(r.history) for r in reqs)
             for label, _, _ in configs:
                 times.setdefault((B, label), []).append(spent[label])
                 acc[(B, label)] = counts[label]
-                if label not in ("plain", "prefill"):
+                if label != "prefill":
                     ident[(B, label)] = ident.get((B, label), True) and outs[label] == outs["plain"]
         shapes.append(time_shapes(target, rows, widths, ctx, 3, clock=clock, plain_apart=False))
         log(f"[synthetic] repetition {rep + 1}/{g['reps']} done ({time.perf_counter() - t_run:.0f} s)")
@@ -554,23 +628,45 @@ def run_synthetic(args) -> int:
     def forward(n, T):
         return table.target_time(n, T)
 
+    def unit(n):
+        return burn.target_time(n, 1)
+
+    parts = parts_round_time(c, forward, overhead, draft=unit)
+    # the cost model: a round's time at n rows and width w, measured in the loop by the calibration batches that
+    # accept nothing (their rounds are known exactly; acceptance changes how many rounds a batch takes, not what one
+    # costs), between the batch sizes by interpolation
+    per_width = {}
+    for B in levels:
+        G = len(groups[B])
+        plain_round = (med[(B, "plain")] - med[(B, "prefill")]) / (G * (M - 1))
+        per_width[B] = round_times_from_calibration(
+            plain_round, {k: (med[(B, f"a0-k{k}")] - med[(B, "prefill")]) / G for k in ks}, M - 1)
+
+    def round_time(n, w):
+        return interpolate(lv, lambda b: widths_line(per_width[b], w), n)
+
     cells = []
     for B in levels:
         G = len(groups[B])
         dec_plain = med[(B, "plain")] - med[(B, "prefill")]
-        for label, a, k in configs[2:]:
+        for label, a, k in configs[len(calib):]:
             dec_spec = med[(B, label)] - med[(B, "prefill")]
             measured = dec_plain / dec_spec
-            predicted = dec_plain / (G * predict_decode_time(a, k, c, B, M - 1, forward, overhead,
-                                                             draft=lambda n: burn.target_time(n, 1)))
+            predicted = dec_plain / (G * predict_decode_time(a, k, B, M - 1, round_time))
+            from_parts = dec_plain / (G * predict_decode_time(a, k, B, M - 1, parts))
             v = forward(B, k + 1) / forward(B, 1)
-            d_n, a_n = acc[(B, label)]
+            d_n, a_n, n_draws = acc[(B, label)]
+            realized = a_n / n_draws if n_draws else a
+            at_realized = dec_plain / (G * predict_decode_time(realized, k, B, M - 1, round_time))
             # the cell's own repeatability: its speedup in each repetition (the same prefill subtracted)
             per_rep = [(p - f) / (x - f) for p, f, x in zip(times[(B, "plain")], times[(B, "prefill")],
                                                             times[(B, label)])]
             spread = max(abs(r / measured - 1) for r in per_rep)
             cells.append(dict(alpha=a, k=k, batch=B, measured_speedup=measured, predicted_speedup=predicted,
                               error=predicted / measured - 1, leviathan_v_speedup=expected_speedup(a, k, c, v),
+                              parts_predicted_speedup=from_parts, parts_error=from_parts / measured - 1,
+                              realized_alpha=realized, predicted_at_realized=at_realized,
+                              error_at_realized=at_realized / measured - 1,
                               verify_cost_v=v, overhead_ms=over[B] * 1e3,
                               measured_acceptance=a_n / d_n if d_n else None,
                               rep_speedups=per_rep, rep_spread=spread,
@@ -591,6 +687,8 @@ def run_synthetic(args) -> int:
                   alphas=alphas, ks=ks, reps=g["reps"], prepare_s=prep_s, run_s=time.perf_counter() - t_run,
                   step_costs=table.snapshot()["calibrated_target"],
                   overhead_ms={str(b): o * 1e3 for b, o in over.items()},
+                  round_ms={str(b): {str(w): t * 1e3 for w, t in per_width[b].items()} for b in levels},
+                  calibration_identical=all(ident[(B, f"a0-k{k}")] for B in levels for k in ks),
                   cells=cells, crossover_batch=cross,
                   targets=dict(
                       model_error_to_crossover=dict(value=abs(worst["error"]), goal=0.15, lower_is_better=True,
@@ -601,6 +699,10 @@ def run_synthetic(args) -> int:
                                            met=max(abs(x["error"]) for x in cells) <= 0.15),
                       cells_within_15pct=dict(value=f"{sum(abs(x['error']) <= 0.15 for x in upto)}/{len(upto)}",
                                               goal="all", met=all(abs(x["error"]) <= 0.15 for x in upto)),
+                      # not the goal (that is at the alpha asked for): the model at the acceptance the draws realized
+                      cells_within_15pct_at_realized_alpha=dict(
+                          value=f"{sum(abs(x['error_at_realized']) <= 0.15 for x in upto)}/{len(upto)} (worst "
+                                f"{max(abs(x['error_at_realized']) for x in upto):.1%})", goal="info", met=True),
                       # not a goal: how well the measurement agrees with itself (every repetition within 15% of
                       # the cell's median); a model cannot be held to less than this
                       cells_repeatable_15pct=dict(value=f"{sum(x['rep_spread'] <= 0.15 for x in upto)}/{len(upto)}",
@@ -631,6 +733,12 @@ def format_synthetic(rep: dict) -> str:
             L.append(line + f"{cx if cx is not None else '-':>11}")
     L.append("")
     L.append("per-round overhead o(batch), ms: " + ", ".join(f"b{b}: {o:.3f}" for b, o in rep["overhead_ms"].items()))
+    if "round_ms" in rep:
+        L.append("a round's time by width w, ms (plain runs and the alpha-0 calibration): " + "; ".join(
+            f"b{b}: " + " ".join(f"w{w} {t:.2f}" for w, t in ws.items()) for b, ws in rep["round_ms"].items()))
+        errs = sorted(abs(x["parts_error"]) for x in rep["cells"])
+        L.append(f"the model from parts timed apart (forwards + burn + o(batch)): {sum(e <= 0.15 for e in errs)}"
+                 f"/{len(errs)} cells within 15%, worst {errs[-1]:.0%}")
     spreads = sorted(x["rep_spread"] for x in rep["cells"])
     L.append(f"repeatability: each cell's repetitions differ from its median speedup by up to {spreads[0]:.0%} .. "
              f"{spreads[-1]:.0%} (median cell {spreads[len(spreads) // 2]:.0%})")
