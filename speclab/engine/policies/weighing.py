@@ -295,15 +295,9 @@ class OffHold:
     keeps its estimate while nobody drafts, and the cost tables change over many rounds; a row arriving or
     leaving ends the hold at once. The tracker takes in the held rounds at the next weighing (it reads each row's
     history since the last call). A decision near break-even held a few rounds too long costs little: there,
-    drafting and not drafting yield nearly the same.
+    drafting and not drafting yield nearly the same."""
 
-    ``rounds`` 32: inside a decode loop a weighed round cost 80 µs at one row (150 µs at 16), against a 1.9 ms
-    step, and a held one 3 µs; holding 8 rounds, one round in 8 was weighed at one row. In shuffled lockstep A/Bs
-    on code at one row (6 repetitions), goodput off in 99.6% of rounds read 0.970x plain holding 8 and 0.981x
-    holding 32, `confidence` 0.976x and 0.980x. At 16 rows the rows change every round or two, and the hold's
-    length matters little."""
-
-    def __init__(self, rounds: int = 32):
+    def __init__(self, rounds: int = 8):
         self.rounds = rounds
         self.left = 0
         self.ids: tuple = ()
