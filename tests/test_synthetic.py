@@ -171,6 +171,16 @@ def test_round_times_solved_from_batches_that_accept_nothing():
     assert widths_line(got, 3) == pytest.approx(3.6)
 
 
+def test_draws_count_the_acceptance_checks():
+    """The realized alpha: accepted tokens over the checks made, a check per accepted draft and one for the first
+    rejection (none after it, none in a round that drafted nothing)."""
+    from speclab.analysis.bench_policies import draws
+
+    assert draws([(2, 2), (2, 0), (1, 0)]) == 4
+    assert draws([(0, 0), (4, 4)]) == 4
+    assert draws([(4, 1)]) == 2
+
+
 @pytest.mark.slow
 def test_bench_synthetic_smoke(tmp_path, capsys):
     from speclab.family import list_models
