@@ -195,6 +195,25 @@ def test_stop_gate_ends_the_run_before_stop_returns():
     assert fresh is not gate and fresh.stop(timeout=0)
 
 
+def test_stop_says_stopped_again_after_late_updates_unless_a_run_goes():
+    """Stop's answer and the run's last updates travel on two streams, so the page may get a round's status after
+    "stopped"; a moment later Stop says it again (inside the gate's quiet window, when no new run can have begun).
+    With a run going it says nothing."""
+    import time
+
+    import gradio as gr
+
+    from speclab.app import ui
+
+    gate = core.StopGate()
+    t = time.monotonic()
+    assert ui._restate(gate, "⏹ stopped") == "⏹ stopped"
+    assert 0.5 * core.StopGate.QUIET_S <= time.monotonic() - t < core.StopGate.QUIET_S  # before a new run may start
+    running = core.StopGate()
+    assert running.begin() and not running.idle
+    assert isinstance(ui._restate(running, "⏹ stopped"), type(gr.skip()))
+
+
 def test_command_line_defaults_are_local(monkeypatch):
     import subprocess
     import sys

@@ -516,6 +516,11 @@ class StopGate:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    @property
+    def idle(self) -> bool:
+        """No run is going."""
+        return self._idle.is_set()
+
     @staticmethod
     def guard(updates: Iterator, gate: "StopGate | None", refused=None):
         """Pass a run's page updates through, ending the run as soon as Stop has set ``gate`` (checked

@@ -100,7 +100,14 @@ def _run_and_stop(run_btn, stop_btn, fn, inputs: list, outputs: list, gate, name
     """A tab's Run (one run at a time, as API ``name``) and Stop (ends it; the status, ``outputs[0]``, says so
     after the run's last update)."""
     ev = run_btn.click(fn, inputs + [gate], outputs, api_name=name, concurrency_limit=1, concurrency_id=name)
-    stop_btn.click(lambda g: _stop(g, f"⏹ {name} stopped"), gate, outputs[0], cancels=[ev], api_visibility="private")
+    _stop_button(stop_btn, gate, outputs[0], f"⏹ {name} stopped", [ev])
+
+
+def _stop_button(stop_btn, gate, status, said: str, cancels: list) -> None:
+    """Stop: cancel ``cancels``, end the run the ``gate`` guards, say ``said`` in ``status``; then say it again once
+    updates the run had already sent have landed (:func:`_restate`)."""
+    stop_btn.click(lambda g: _stop(g, said), gate, status, cancels=cancels, api_visibility="private").then(
+        lambda g: _restate(g, said), gate, status, api_visibility="private")
 
 
 def _stop(gate: core.StopGate, said: str) -> str:
@@ -108,6 +115,15 @@ def _stop(gate: core.StopGate, said: str) -> str:
     if gate.stop():
         return said
     return said + " (still finishing its current step)"
+
+
+def _restate(gate: core.StopGate, said: str):
+    """Say "stopped" again a moment after Stop. An update the run yielded just before Stop travels on the run's own
+    stream, and the page may get it after Stop's answer, which travels on another: in CI a round's status landed
+    after "stopped" and the page said "decoding" for good. Safe: the gate refuses runs for ``QUIET_S`` after a stop,
+    so no new run's status can be overwritten this soon; if one is going anyway, nothing is said."""
+    time.sleep(0.6 * core.StopGate.QUIET_S)
+    return said if gate.idle else gr.skip()
 
 
 def _status(view: core.RunView) -> str:
@@ -318,8 +334,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                                 _decode_auto_gated, decode_inputs + [auto], decode_outputs,
                                 api_visibility="private", trigger_mode="always_last", concurrency_id="decode",
                                 show_progress="minimal", show_progress_on=tokens)
-                stop_btn.click(lambda g: _stop(g, "⏹ stopped (the tokens so far stay on the page)"), gate, status,
-                               cancels=[run_ev, auto_ev], api_visibility="private")
+                _stop_button(stop_btn, gate, status, "⏹ stopped (the tokens so far stay on the page)",
+                             [run_ev, auto_ev])
 
                 def _pick_workload(w):
                     return gr.update(choices=_example_choices(examples, w), value=None)
