@@ -361,6 +361,28 @@ def test_late_delivery_of_plain_steps_reads_as_plain():
     assert _level(traces, "total")["call"] == "bursty"  # chunk times and N alone cannot place the zeros
 
 
+def test_a_few_late_bursts_of_a_plain_server_are_not_speculation():
+    """Too few bursts for the pace statistics: a plain server whose streaming side stalled once (6 one-token chunks
+    together after 6 steps) and twice more (pairs after 2 steps), two requests, 23 gaps: 30% of them near zero, which
+    read bursty (a CI run of ``bench --serve``). Each of those tokens waited about a step: late delivery, so unknown.
+    The same few bursts after a single step's wait are speculation's: bursty."""
+    def level(late: bool):
+        traces = []
+        for plan in ([1] * 4 + [6] + [1] * 2, [1] * 3 + [2] + [1] * 2 + [2] + [1]):
+            times, t = [0.05], 0.05
+            for n in plan:
+                t += ROUND * (n if late else 1)
+                times += [t + j * SPLIT_GAP for j in range(n)]
+            traces.append((times, [1] * len(times)))
+        return _level(traces)
+
+    fp = level(late=True)
+    assert fp["token_gaps"] >= fingerprint.MIN_GAPS and fp["near_zero_share"] > fingerprint.STRONG_SHARE
+    assert fp["pace_ratio"] is None  # too few bursts for it
+    assert fp["call"] == "unknown"
+    assert level(late=False)["call"] == "bursty"
+
+
 def test_a_level_mixing_plain_steps_and_drafting_rounds_reads_bursty():
     """An adaptive server that drafts in some rounds and not in others: plain steps bring one token after a step,
     drafting rounds 2-5 tokens after a longer wait that grows with the draft length (as SGLang-style tiers do).
