@@ -1160,6 +1160,24 @@ def test_policy_targets_from_a_hand_built_report():
     a = t["adaptive_vs_plain_floor"]
     assert a["value"] == pytest.approx(0.72) and a["where"] == "ema on mixed batch 16" and not a["met"]
     assert t["all_identical"]["met"]
+    assert "control_apart" not in t
+    # the A/A control (--control): a second plain configuration, never the best fixed k even when it reads higher
+    ctl = [dict(workload=w, batch=b, config="plain-again", policy="control", speedup=sp, identical=True,
+                adaptive=False) for (w, b), sp in zip([("json", 1), ("json", 16), ("mixed", 1), ("mixed", 16)],
+                                                       (1.01, 0.97, 1.02, 1.9))]
+    t2 = policy_targets({"rows": rows + ctl})
+    assert {k: t2[k]["value"] for k in t} == {k: t[k]["value"] for k in t}  # nothing else moves
+    c = t2["control_apart"]
+    assert c["value"] == pytest.approx(0.025) and c["max"] == pytest.approx(0.9) and c["met"]
+    assert c["where"] == "mixed batch 16 (1.900x)"
+
+
+def test_policy_configs_with_the_control():
+    from speclab.analysis.bench_policies import CONTROL, policy_configs
+
+    base = policy_configs([1, 2], ["goodput", "off"])
+    assert base == [("plain", None, 0), ("fixed-1", "fixed", 1), ("fixed-2", "fixed", 2), ("goodput", "goodput", 2)]
+    assert policy_configs([1, 2], ["goodput"], control=True) == base + [(CONTROL, None, 0)]
 
 
 def test_lockstep_runs_configurations_side_by_side(tiny, target_lm):
@@ -1278,12 +1296,14 @@ def test_bench_policies_smoke(tmp_path, capsys):
     out = tmp_path / "policies.json"
     rc = main(["bench", "--policies", "--workload", "json,code", "--batches", "1,2", "--ks", "1,2",
                "--prompts-per-workload", "1", "--reps", "1", "--max-new-tokens", "6", "--threads", "1",
-               "--json", str(out), "--quiet"])
+               "--control", "--json", str(out), "--quiet"])
     assert rc == 0
     rep = json.loads(out.read_text())
     assert rep["workloads"] == ["json", "code", "mixed"] and rep["calibration_s"] > 0
     configs = {r["config"] for r in rep["rows"]}
-    assert {"plain", "fixed-1", "fixed-2", "goodput", "heuristic", "ema", "confidence", "batch-table"} <= configs
+    assert {"plain", "fixed-1", "fixed-2", "goodput", "heuristic", "ema", "confidence", "batch-table",
+            "plain-again"} <= configs
+    assert rep["targets"]["control_apart"]["value"] >= 0
     assert all(r["identical"] and r["tokens_per_s"] > 0 for r in rep["rows"])
     assert {"goodput_vs_best_fixed", "mixed_goodput_vs_best_single_k", "adaptive_vs_plain_floor",
             "all_identical"} <= set(rep["targets"])

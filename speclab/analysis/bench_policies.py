@@ -134,12 +134,16 @@ def _gmean(xs) -> float:
 # ============================================================================================ --policies
 
 
-def policy_configs(fixed_ks: list[int], names: list[str]) -> list[tuple[str, str | None, int]]:
-    """(label, policy spec or None for plain, k): plain, fixed-k for each k, then each policy at K."""
+CONTROL = "plain-again"  # --control: a second plain configuration, the A/A control
+
+
+def policy_configs(fixed_ks: list[int], names: list[str], control: bool = False) -> list[tuple[str, str | None, int]]:
+    """(label, policy spec or None for plain, k): plain, fixed-k for each k, then each policy at K; with ``control``,
+    a second plain configuration last (:data:`CONTROL`: reported, never a candidate for the best fixed k)."""
     K = max(fixed_ks)
     out = [("plain", None, 0)] + [(f"fixed-{k}", "fixed", k) for k in fixed_ks]
     out += [(n, n, K) for n in names if n not in ("fixed", "off")]
-    return out
+    return out + [(CONTROL, None, 0)] if control else out
 
 
 def _burst(target, drafter, policy, prompts: list[list[int]], concurrency: int, max_new_tokens: int, costs, seed: int):
@@ -234,7 +238,7 @@ def run_policies(args) -> int:
     names = [] if names == ["none"] else names
     for n in names:
         make_policy(n, 1)
-    configs = policy_configs(g["fixed_ks"], names)
+    configs = policy_configs(g["fixed_ks"], names, control=getattr(args, "control", False))
     K = max(g["fixed_ks"])
     M, n_prompts, levels = g["max_new_tokens"], g["prompts"], g["batches"]
     wls = workload_names(g["workload"])
@@ -308,7 +312,7 @@ def run_policies(args) -> int:
             st = stats[key]
             ratios = [x / b for x, b in zip(tps[label], tps["plain"])]
             results.append(dict(
-                workload=w, batch=B, config=label, policy=pol_spec or "off", k=k,
+                workload=w, batch=B, config=label, policy="control" if label == CONTROL else pol_spec or "off", k=k,
                 tokens_per_s=statistics.median(tps[label]), speedup=statistics.median(tps[label]) / base,
                 speedup_min=min(ratios), speedup_max=max(ratios),
                 acceptance_rate=st["accepted"] / st["drafted"] if st["drafted"] else None,
@@ -354,9 +358,17 @@ def policy_targets(rep: dict) -> dict:
         low = min(adaptive, key=lambda r: r["speedup"])
         t["adaptive_vs_plain_floor"] = dict(value=low["speedup"], goal=0.97,
                                             where=f"{low['config']} on {low['workload']} batch {low['batch']}")
+    control = [r for r in rows if r["policy"] == "control"]
+    if control:  # not a goal: how far two identical configurations read apart, the cells' noise floor
+        dev = sorted(abs(r["speedup"] - 1.0) for r in control)
+        worst = max(control, key=lambda r: abs(r["speedup"] - 1.0))
+        t["control_apart"] = dict(value=statistics.median(dev), goal="info", max=dev[-1],
+                                  where=f"{worst['workload']} batch {worst['batch']} ({worst['speedup']:.3f}x)")
     t["all_identical"] = dict(value=all(r["identical"] for r in rows), goal=True)
     for v in t.values():
-        if isinstance(v["goal"], bool):
+        if v["goal"] == "info":
+            v["met"] = True
+        elif isinstance(v["goal"], bool):
             v["met"] = v["value"] == v["goal"]
         elif v.get("strict"):
             v["met"] = v["value"] > v["goal"]
@@ -405,7 +417,8 @@ def format_policies(rep: dict) -> str:
         vs = f"{v:.3f}" if isinstance(v, float) else str(v)
         extra = {k: x for k, x in t.items() if k not in ("value", "goal", "met", "strict")}
         op = ">" if t.get("strict") else ">="
-        L.append(f"target {name:<32} {vs:>7}  goal {op} {t['goal']}  {'MET' if t['met'] else 'NOT MET'}  "
+        said = "info" if t["goal"] == "info" else "MET" if t["met"] else "NOT MET"
+        L.append(f"target {name:<32} {vs:>7}  goal {op} {t['goal']}  {said}  "
                  + ", ".join(f"{k}={x:.3f}" if isinstance(x, float) else f"{k}={x}" for k, x in extra.items()))
     return "\n".join(L)
 

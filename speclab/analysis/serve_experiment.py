@@ -443,7 +443,8 @@ def add_arguments(b) -> None:
     b.add_argument("--no-split", action="store_true", help="--serve-experiment: no --stream-split-tokens servers")
     b.add_argument("--control", action="store_true",
                    help="--serve-experiment: add a second plain speclab server to the rotation (the A/A control): "
-                        "how far two identical servers read apart in each cell, beside the throughput check")
+                        "how far two identical servers read apart in each cell, beside the throughput check; "
+                        "--policies: a second plain configuration in every cell, the same way")
     b.add_argument("--vllm-eager", action="store_true",
                    help="--serve-experiment: start vLLM with --enforce-eager (no torch.compile warm-up: each server "
                         "starts ~25 s sooner on 2 cores but runs slower; for checking verdicts and counters, not for "
