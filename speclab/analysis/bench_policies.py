@@ -566,31 +566,31 @@ def run_synthetic(args) -> int:
     rows, widths = calibration_rows(*levels), tuple(range(1, max(ks) + 2))
     burn = OnlineCosts()
     burn.calibrate(target, None, rows=rows, tokens=(1,), context=ctx, clock=clock, reps=5)
-    drafters = {}
-    # one drafter per configuration (the drafting calibration's first): configurations run side by side, each row
-    # with its own draws
-    for a, k in [(0.0, k) for k in ks] + [(a, k) for a in alphas for k in ks]:
-        d = SyntheticDrafter(target, a, c)
-        if drafters:
-            d.oracle = next(iter(drafters.values())).oracle  # one oracle per prompt for every configuration
-        else:
-            d.prepare(used, M, rows=())
-        d.step_costs, d.context, d.clock = burn, ctx, clock  # one cost unit for all, on the bench's clock
-        drafters[(a, k)] = d
+    # calibration runs, not cells: the prefill alone, plain decoding, and batches that accept nothing (alpha 0, one
+    # per k: every round drafts k tokens a row and emits one, so their rounds are known exactly and their times give
+    # a round's time at each width, round_times_from_calibration)
+    calib = [("prefill", None, 0), ("plain", None, 0)] + [(f"calib-k{k}", 0.0, k) for k in ks]
+    configs = calib + [(f"a{a}-k{k}", a, k) for a in alphas for k in ks]
+    # one drafter per configuration, by label: configurations run side by side, each row with its own draws
     plain = SpeculativeDecoder(target, None)
-    decs = {key: SpeculativeDecoder(target, d) for key, d in drafters.items()}
+    decs, oracle = {}, None
+    for label, a, k in configs:
+        if a is None:
+            continue
+        d = SyntheticDrafter(target, a, c)
+        if oracle is None:
+            d.prepare(used, M, rows=())
+            oracle = d.oracle
+        d.oracle = oracle  # one oracle per prompt for every configuration
+        d.step_costs, d.context, d.clock = burn, ctx, clock  # one cost unit for all, on the bench's clock
+        decs[label] = SpeculativeDecoder(target, d)
     for B in levels:
         grp = groups[B][0]
         plain.generate(grp, k=0, max_new_tokens=4, record=False, stop_on_eos=False)
-        decs[(alphas[-1], max(ks))].generate(grp, k=max(ks), max_new_tokens=4, record=False, stop_on_eos=False)
+        decs[configs[-1][0]].generate(grp, k=max(ks), max_new_tokens=4, record=False, stop_on_eos=False)
     prep_s = time.perf_counter() - t0
     log(f"[synthetic] oracles, step costs and warm-up in {prep_s:.1f} s (not timed)")
 
-    # calibration runs, not cells: the prefill alone, plain decoding, and drafting rounds that accept nothing (alpha 0,
-    # k = 1: every round drafts one token and emits one, so the round count is known and its time less its parts is
-    # a drafting round's own host work)
-    calib = [("prefill", None, 0), ("plain", None, 0)] + [(f"a0-k{k}", 0.0, k) for k in ks]
-    configs = calib + [(f"a{a}-k{k}", a, k) for a in alphas for k in ks]
     times: dict[tuple, list[float]] = {}
     ident: dict[tuple, bool] = {}
     acc: dict[tuple, list[int]] = {}
@@ -606,7 +606,7 @@ def run_synthetic(args) -> int:
             outs = {label: [] for label, _, _ in configs}
             counts = {label: [0, 0, 0] for label, _, _ in configs}  # drafted, accepted, draws (realized_alpha)
             for i, grp in enumerate(groups[B]):
-                runs = [(plain if a is None else decs[(a, k)]).scheduler(
+                runs = [(plain if a is None else decs[label]).scheduler(
                     grp, k=k, max_new_tokens=1 if label == "prefill" else M, seed=args.seed + i, stop_on_eos=False)
                     for label, a, k in configs]
                 took = interleave([sched for sched, _ in runs], clock, shuffle=order)
@@ -653,7 +653,7 @@ def run_synthetic(args) -> int:
         G = len(groups[B])
         plain_round = (med[(B, "plain")] - med[(B, "prefill")]) / (G * (M - 1))
         per_width[B] = round_times_from_calibration(
-            plain_round, {k: (med[(B, f"a0-k{k}")] - med[(B, "prefill")]) / G for k in ks}, M - 1)
+            plain_round, {k: (med[(B, f"calib-k{k}")] - med[(B, "prefill")]) / G for k in ks}, M - 1)
 
     def round_time(n, w):
         return interpolate(lv, lambda b: widths_line(per_width[b], w), n)
@@ -701,7 +701,7 @@ def run_synthetic(args) -> int:
                   step_costs=table.snapshot()["calibrated_target"],
                   overhead_ms={str(b): o * 1e3 for b, o in over.items()},
                   round_ms={str(b): {str(w): t * 1e3 for w, t in per_width[b].items()} for b in levels},
-                  calibration_identical=all(ident[(B, f"a0-k{k}")] for B in levels for k in ks),
+                  calibration_identical=all(ident[(B, f"calib-k{k}")] for B in levels for k in ks),
                   cells=cells, crossover_batch=cross,
                   targets=dict(
                       model_error_to_crossover=dict(value=abs(worst["error"]), goal=0.15, lower_is_better=True,
