@@ -1198,13 +1198,9 @@ def test_lockstep_runs_configurations_side_by_side(tiny, target_lm):
     assert sum(r.rounds for r in r1) < sum(r.rounds for r in r0)
 
 
-def test_interleave_rotates_and_charges_each_its_own_steps():
-    """One step of each unfinished scheduler per cycle, the first one rotating each cycle from ``offset``; a scheduler
-    already idle is never stepped; each is charged only the clock time of its own steps."""
-    from speclab.analysis.bench_policies import interleave
-
-    order = []
-
+def _fake_scheduler(order: list):
+    """A scheduler stand-in for ``interleave``: ``Fake(name, steps)`` is idle after ``steps`` steps, and each step
+    appends its name to ``order``."""
     class Fake:
         def __init__(self, name, steps):
             self.name, self.left = name, steps
@@ -1216,6 +1212,17 @@ def test_interleave_rotates_and_charges_each_its_own_steps():
         def step(self):
             order.append(self.name)
             self.left -= 1
+
+    return Fake
+
+
+def test_interleave_rotates_and_charges_each_its_own_steps():
+    """One step of each unfinished scheduler per cycle, the first one rotating each cycle from ``offset``; a scheduler
+    already idle is never stepped; each is charged only the clock time of its own steps."""
+    from speclab.analysis.bench_policies import interleave
+
+    order = []
+    Fake = _fake_scheduler(order)
 
     scheds = [Fake("a", 3), Fake("b", 1), Fake("c", 0), Fake("d", 2)]
     ticks = iter(range(10 ** 6))
@@ -1239,18 +1246,7 @@ def test_interleave_shuffled_puts_every_configuration_after_every_other():
     from speclab.analysis.bench_policies import interleave
 
     order = []
-
-    class Fake:
-        def __init__(self, name, steps):
-            self.name, self.left = name, steps
-
-        @property
-        def idle(self):
-            return self.left == 0
-
-        def step(self):
-            order.append(self.name)
-            self.left -= 1
+    Fake = _fake_scheduler(order)
 
     def pairs(seq, n):  # (before, after) within each cycle of n steps
         return Counter((seq[i], seq[i + 1]) for c in range(0, len(seq), n) for i in range(c, c + n - 1))
