@@ -23,6 +23,7 @@ from speclab.engine.policies import (
     Ema,
     Goodput,
     Heuristic,
+    Mixture,
     OffHold,
     PlainCheck,
     PolicyView,
@@ -32,6 +33,7 @@ from speclab.engine.policies import (
     draft_prefill_share,
     ema_tiers,
     expected_tokens,
+    learning_round,
     parse_table,
     position_priors,
     switch_on,
@@ -971,8 +973,9 @@ def test_rounds_without_drafts_between_drafting_rounds(tiny, target_lm):
 
 
 def test_draft_costs_are_sampled_in_steady_rounds_only(tiny, target_lm):
-    """The cost model's draft-phase samples come from rounds right after a drafting round: the first drafting round
-    after rounds without drafts runs cold weights and catches up on every skipped token (a switching cost paid once),
+    """The cost model's drafting-round samples (draft phase, verify block, overhead) come from rounds right after a
+    drafting round: the first drafting round after rounds without drafts runs cold weights (its verify too: at one
+    row on JSON, 4.4 ms against 3.7 ms steady) and catches up on every skipped token (a switching cost paid once),
     and would make drafting look dearer than it is to a policy deciding whether to keep drafting. Its plain-step
     samples, symmetrically, come from rounds right after a round without drafts, and never from a round right after
     a prefill (the same cold weights)."""
@@ -984,14 +987,15 @@ def test_draft_costs_are_sampled_in_steady_rounds_only(tiny, target_lm):
     sampled, plain = [], []
     real, real_t = sched.costs.record_draft, sched.costs.record_target
     sched.costs.record_draft = lambda n, steps, sec: (sampled.append(sched.round), real(n, steps, sec))
-    sched.costs.record_target = lambda n, T, sec: ((plain.append(sched.round) if T == 1 else None), real_t(n, T, sec))
+    verify = []
+    sched.costs.record_target = lambda n, T, sec: ((plain if T == 1 else verify).append(sched.round), real_t(n, T, sec))
     reqs = [sched.submit(Request(target_lm.encode(p), 24, SamplingParams(), ignore_eos=True, request_id=str(i)))
             for i, p in enumerate(PROMPTS[:3])]
     sched.run_until_idle()
     rounds = max(len(r.history) for r in reqs)
     drafted = [any(i < len(r.history) and r.history[i][0] for r in reqs) for i in range(rounds)]  # round i + 1
     steady = [i + 1 for i in range(1, rounds) if drafted[i] and drafted[i - 1]]
-    assert sampled == steady and 0 < len(steady) < sum(drafted)
+    assert sampled == steady == verify and 0 < len(steady) < sum(drafted)
     # plain steps likewise: only rounds after a round without drafts, and not the first (its step prefilled the rows
     # just before it: every request is admitted at once here)
     steady_plain = [i + 1 for i in range(1, rounds) if not drafted[i] and not drafted[i - 1]]
@@ -1024,7 +1028,7 @@ def test_step_costs_sampled_one_steady_round_in_a_stride_once_warm(tiny, target_
 
     rounds, young = run(False)  # the tables young all through: every steady round recorded
     steady = young["target"]  # every round drafts but the last (the rows' budgets end it at k = 0, after drafts)
-    assert steady == young["overhead"] == list(range(1, rounds)) and young["draft"] == steady[1:]  # draft: after one
+    assert steady == young["overhead"] == young["draft"] == list(range(2, rounds))  # the first follows the prefill
     _, warm = run(True)  # the same greedy rounds: the 4th, 8th, 12th ... steady round recorded, all three together
     every = steady[S.COST_STRIDE - 1::S.COST_STRIDE]
     assert warm["target"] == warm["overhead"] == warm["draft"] == every and len(every) >= 4
@@ -1357,3 +1361,70 @@ def test_cost_gate_weighs_the_draft_prefill_share():
         assert short[0].k > 0, cls
         long = cls(4).choose(PolicyView(rows(4000), 1, 0, costs))  # 1 ms a token: ~4 ms more per round
         assert long[0].k == 0 and long[0].reason.startswith("off:"), (cls, long[0].reason)
+
+
+# ----------------------------------------------------------------------------------- learning what a new row accepts
+def test_learning_round_by_hand():
+    T = [[1, 1.9, 2.7], [1, 1.1, 1.11]]  # past rows with survival [0.9, 0.8] and [0.1, 0.01]
+    k, value, cost = learning_round([0, 0, 0], [(1, 10, [0.5, 0.5], T)], [1, 1.5, 2])
+    assert k == 1 and value == pytest.approx(0.5 * (1 - 1 / 1.35) * 10) and cost == pytest.approx(0.0)
+    # the value grows with the rows and the rounds left; weights favouring the row that pays raise it
+    assert learning_round([0, 0, 0], [(1, 20, [0.5, 0.5], T)], [1, 1.5, 2])[1] == pytest.approx(2 * value)
+    assert learning_round([0, 0, 0], [(1, 10, [0.9, 0.1], T)], [1, 1.5, 2])[1] == pytest.approx(1.8 * value)
+    # nothing to learn where no past row gains, where the row is all but known, or where one row cannot move the batch
+    assert learning_round([0, 0, 0], [(1, 10, [1.0], [T[1]])], [1, 1.5, 2]) == (0, 0.0, 0.0)
+    k, value, cost = learning_round([0, 0, 0], [(1, 10, [0.002, 0.998], T)], [1, 1.5, 2])
+    assert k == 0 and value < cost
+    assert learning_round([7, 7, 7], [(1, 10, [0.5, 0.5], T)], [1, 1.5, 2])[0] == 0
+    # a row about to finish: too few rounds left to pay for the lesson (k = 1 costs 0.2 here)
+    assert learning_round([0, 0, 0], [(1, 0.3, [0.5, 0.5], T)], [1, 1.7, 2])[0] == 0
+
+
+def test_mixture_weighs_past_rows_by_the_likelihood_of_a_rows_counts():
+    m = Mixture([[0.8, 0.72], [0.2, 0.1]])
+    assert m.weights([0, 0], [0, 0]) == pytest.approx([0.5, 0.5])
+    assert m.weights([1, 0], [1, 0]) == pytest.approx([0.8, 0.2])
+    assert m.weights([2, 0], [0, 0]) == pytest.approx([1 / 17, 16 / 17])  # 0.2^2 against 0.8^2
+    assert m.prior([1, 0], [1, 0]) == pytest.approx([0.68, 0.596 / 0.68])
+
+
+def test_tracker_keeps_rows_that_left_and_weighs_young_rows_against_them():
+    t = AcceptanceTracker(2)
+    t.update(view([[(2, 2)] * 4, [(2, 0)] * 4], ids=["good", "bad"]))
+    assert not t.fresh("good") and t.fresh("new") and t.young("new") == ([0.0, 0.0], [0.0, 0.0])
+    assert t.young("good") is not None and t.mixture() is None  # nobody has left yet
+    t.update(view([[(2, 2)] * 9, [(2, 2)], [(2, 0)]], ids=["old", "y", "z"]))  # good and bad left
+    assert t.young("old") is None and len(t.departed) == 2
+    good, bad = t.profiles([0.6, 0.9])
+    assert good == pytest.approx([4.6 / 5, 4.6 / 5 * 4.9 / 5]) and bad == pytest.approx([0.6 / 5, 0.6 / 5 * 0.9])
+    pop, mix = t.population(), t.mixture()
+    assert mix is not None and t.mixture() is mix  # built once per departure
+    # one round accepting both drafts: like the good row, not the mean; one rejecting at once: like the bad row
+    assert t.survival("y", pop, mix)[0] > t.survival("y", pop)[0]
+    assert t.survival("z", pop, mix)[0] < t.survival("z", pop)[0] - 0.1
+    assert t.survival("old", pop, mix) == t.survival("old", pop)  # not young: its own counts
+
+
+def _learner(past):
+    """A goodput policy whose tracker saw ``past`` rows leave ((reached, accepted) lifetime counts) and whose
+    population accepts 0.56 then 0.66: at the mean, k = 1 reads 1.04x plain on this table, short of switching on."""
+    p = Goodput(2)
+    for counts in past:
+        p.tracker.departed.append(counts)
+    p.tracker.departures = len(past)
+    p.tracker.pop_n, p.tracker.pop_a = [20.0, 12.0], [11.0, 8.0]
+    return p
+
+
+def test_goodput_runs_a_learning_round_for_a_new_row_where_some_past_rows_paid():
+    costs = table(step_ms=1.0, verify_ms_per_token=0.1, draft_ms=0.4, k_max=2)
+    new = PolicyView((RowView("new", (), remaining=30),), 1, 0, costs)
+    mixed = _learner([([10, 10], [9, 8]), ([10, 2], [2, 0])])  # one row accepted 0.9, one 0.2
+    c = mixed.choose(new)[0]
+    assert c.k > 0 and "learning" in c.reason
+    poor = _learner([([10, 2], [2, 0]), ([10, 3], [3, 1])])  # every past row accepted little
+    c = poor.choose(new)[0]
+    assert c.k == 0 and "learning" not in c.reason
+    # the same row two rounds later, its drafts rejected at once twice: like the poor row now, no more lessons
+    c = mixed.choose(PolicyView((RowView("new", ((2, 0), (2, 0)), remaining=28),), 1, 0, costs))[0]
+    assert c.k == 0
