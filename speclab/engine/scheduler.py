@@ -517,21 +517,20 @@ class Scheduler:
             sync(dev)
         t1 = time.perf_counter()
         # steady rounds only: right after a round without drafts the draft's weights are cold and its cache catches
-        # up on every plain round's token, and the verify block runs the target's weights cold too (at one row on
-        # JSON, 4.4 ms against 3.7 ms steady), a switching cost a policy pays once, not per drafting round; likewise
-        # a plain step right after a drafting round runs the target's weights cold (the draft's forwards and the
+        # up on every plain round's token, a switching cost a policy pays once, not per drafting round; likewise a
+        # plain step right after a drafting round runs the target's weights cold (the draft's forwards and the
         # verify block displaced them), and so does one right after a prefill in the same step (on code at 4 rows:
         # 3.9 ms against 2.4-2.6 ms steady; a policy timing its first plain steps at a burst's start read them all
         # there). Of those, every one while the tables are young, then one in COST_STRIDE
         sample = False
-        if self.record_costs and (prop is not None) == self._drafted_last and not (prop is None and self._admitted):
+        if self.record_costs and (prop is not None or not (self._drafted_last or self._admitted)):
             kind = prop is not None
             if (self.costs.version < COST_WARM or self._unsampled[kind] >= COST_STRIDE - 1
                     or (not kind and self.costs.plain_samples(n) < PLAIN_SAMPLES)):  # a level's first plain steps
                 sample, self._unsampled[kind] = True, 0
             else:
                 self._unsampled[kind] += 1
-        if sample and prop is not None:
+        if sample and prop is not None and self._drafted_last:
             self.costs.record_draft(n, steps, t1 - tc - t_admit)
 
         # ---- verify: one target forward over [newest token, d1..dk] per row (a tree: [newest, nodes...] with
