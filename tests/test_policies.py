@@ -23,7 +23,6 @@ from speclab.engine.policies import (
     Ema,
     Goodput,
     Heuristic,
-    Mixture,
     OffHold,
     PlainCheck,
     PolicyView,
@@ -33,7 +32,6 @@ from speclab.engine.policies import (
     draft_prefill_share,
     ema_tiers,
     expected_tokens,
-    learning_round,
     parse_table,
     position_priors,
     switch_on,
@@ -1359,70 +1357,3 @@ def test_cost_gate_weighs_the_draft_prefill_share():
         assert short[0].k > 0, cls
         long = cls(4).choose(PolicyView(rows(4000), 1, 0, costs))  # 1 ms a token: ~4 ms more per round
         assert long[0].k == 0 and long[0].reason.startswith("off:"), (cls, long[0].reason)
-
-
-# ----------------------------------------------------------------------------------- learning what a new row accepts
-def test_learning_round_by_hand():
-    T = [[1, 1.9, 2.7], [1, 1.1, 1.11]]  # past rows with survival [0.9, 0.8] and [0.1, 0.01]
-    k, value, cost = learning_round([0, 0, 0], [(1, 10, [0.5, 0.5], T)], [1, 1.5, 2])
-    assert k == 1 and value == pytest.approx(0.5 * (1 - 1 / 1.35) * 10) and cost == pytest.approx(0.0)
-    # the value grows with the rows and the rounds left; weights favouring the row that pays raise it
-    assert learning_round([0, 0, 0], [(1, 20, [0.5, 0.5], T)], [1, 1.5, 2])[1] == pytest.approx(2 * value)
-    assert learning_round([0, 0, 0], [(1, 10, [0.9, 0.1], T)], [1, 1.5, 2])[1] == pytest.approx(1.8 * value)
-    # nothing to learn where no past row gains, where the row is all but known, or where one row cannot move the batch
-    assert learning_round([0, 0, 0], [(1, 10, [1.0], [T[1]])], [1, 1.5, 2]) == (0, 0.0, 0.0)
-    k, value, cost = learning_round([0, 0, 0], [(1, 10, [0.002, 0.998], T)], [1, 1.5, 2])
-    assert k == 0 and value < cost
-    assert learning_round([7, 7, 7], [(1, 10, [0.5, 0.5], T)], [1, 1.5, 2])[0] == 0
-    # a row about to finish: too few rounds left to pay for the lesson (k = 1 costs 0.2 here)
-    assert learning_round([0, 0, 0], [(1, 0.3, [0.5, 0.5], T)], [1, 1.7, 2])[0] == 0
-
-
-def test_mixture_weighs_past_rows_by_the_likelihood_of_a_rows_counts():
-    m = Mixture([[0.8, 0.72], [0.2, 0.1]])
-    assert m.weights([0, 0], [0, 0]) == pytest.approx([0.5, 0.5])
-    assert m.weights([1, 0], [1, 0]) == pytest.approx([0.8, 0.2])
-    assert m.weights([2, 0], [0, 0]) == pytest.approx([1 / 17, 16 / 17])  # 0.2^2 against 0.8^2
-    assert m.prior([1, 0], [1, 0]) == pytest.approx([0.68, 0.596 / 0.68])
-
-
-def test_tracker_keeps_rows_that_left_and_weighs_young_rows_against_them():
-    t = AcceptanceTracker(2)
-    t.update(view([[(2, 2)] * 4, [(2, 0)] * 4], ids=["good", "bad"]))
-    assert not t.fresh("good") and t.fresh("new") and t.young("new") == ([0.0, 0.0], [0.0, 0.0])
-    assert t.young("good") is not None and t.mixture() is None  # nobody has left yet
-    t.update(view([[(2, 2)] * 9, [(2, 2)], [(2, 0)]], ids=["old", "y", "z"]))  # good and bad left
-    assert t.young("old") is None and len(t.departed) == 2
-    good, bad = t.profiles([0.6, 0.9])
-    assert good == pytest.approx([4.6 / 5, 4.6 / 5 * 4.9 / 5]) and bad == pytest.approx([0.6 / 5, 0.6 / 5 * 0.9])
-    pop, mix = t.population(), t.mixture()
-    assert mix is not None and t.mixture() is mix  # built once per departure
-    # one round accepting both drafts: like the good row, not the mean; one rejecting at once: like the bad row
-    assert t.survival("y", pop, mix)[0] > t.survival("y", pop)[0]
-    assert t.survival("z", pop, mix)[0] < t.survival("z", pop)[0] - 0.1
-    assert t.survival("old", pop, mix) == t.survival("old", pop)  # not young: its own counts
-
-
-def _learner(past):
-    """A goodput policy whose tracker saw ``past`` rows leave ((reached, accepted) lifetime counts) and whose
-    population accepts 0.56 then 0.66: at the mean, k = 1 reads 1.04x plain on this table, short of switching on."""
-    p = Goodput(2)
-    for counts in past:
-        p.tracker.departed.append(counts)
-    p.tracker.departures = len(past)
-    p.tracker.pop_n, p.tracker.pop_a = [20.0, 12.0], [11.0, 8.0]
-    return p
-
-
-def test_goodput_runs_a_learning_round_for_a_new_row_where_some_past_rows_paid():
-    costs = table(step_ms=1.0, verify_ms_per_token=0.1, draft_ms=0.4, k_max=2)
-    new = PolicyView((RowView("new", (), remaining=30),), 1, 0, costs)
-    mixed = _learner([([10, 10], [9, 8]), ([10, 2], [2, 0])])  # one row accepted 0.9, one 0.2
-    c = mixed.choose(new)[0]
-    assert c.k > 0 and "learning" in c.reason
-    poor = _learner([([10, 2], [2, 0]), ([10, 3], [3, 1])])  # every past row accepted little
-    c = poor.choose(new)[0]
-    assert c.k == 0 and "learning" not in c.reason
-    # the same row two rounds later, its drafts rejected at once twice: like the poor row now, no more lessons
-    c = mixed.choose(PolicyView((RowView("new", ((2, 0), (2, 0)), remaining=28),), 1, 0, costs))[0]
-    assert c.k == 0

@@ -49,9 +49,8 @@ from .goodput import Goodput
 from .registry import ADAPTIVE, POLICIES, make_policy, seed_costs
 from .rules import Confidence, Ema, GatedRule, Heuristic, ema_tiers
 from .table import BatchTable, parse_table
-from .tracker import MIXTURE_PROFILES, POSITION_PRIORS, AcceptanceTracker, Mixture, expected_tokens, position_priors
+from .tracker import POSITION_PRIORS, AcceptanceTracker, expected_tokens, position_priors
 from .weighing import (
-    LEARNING_ROUNDS,
     NEVER,
     SWITCH_MARGIN,
     CostGate,
@@ -64,7 +63,6 @@ from .weighing import (
     catch_up_time,
     costs_ready,
     draft_prefill_share,
-    learning_round,
     monotone,
     prefill_per_token,
     probe_cost,
@@ -74,10 +72,9 @@ from .weighing import (
     worth_probing,
 )
 
-__all__ = ["ADAPTIVE", "LEARNING_ROUNDS", "MIXTURE_PROFILES", "NEVER", "POLICIES", "POSITION_PRIORS", "SWITCH_MARGIN",
-           "AcceptanceTracker", "BatchTable", "Choice", "Confidence", "CostGate", "Ema", "Fixed", "GatedRule",
-           "Goodput", "Heuristic", "Mixture", "Off", "OffHold", "PlainCheck", "Policy", "PolicyView", "ProbeBudget",
-           "RoundTimes", "RowView", "affine_in_k", "batch_tokens", "catch_up_time", "costs_ready",
-           "draft_prefill_share", "ema_tiers", "expected_tokens", "learning_round", "make_policy", "monotone",
-           "parse_table", "position_priors", "prefill_per_token", "probe_cost", "round_tokens",
+__all__ = ["ADAPTIVE", "NEVER", "POLICIES", "POSITION_PRIORS", "SWITCH_MARGIN", "AcceptanceTracker", "BatchTable",
+           "Choice", "Confidence", "CostGate", "Ema", "Fixed", "GatedRule", "Goodput", "Heuristic", "Off", "OffHold",
+           "PlainCheck", "Policy", "PolicyView", "ProbeBudget", "RoundTimes", "RowView", "affine_in_k", "batch_tokens",
+           "catch_up_time", "costs_ready", "draft_prefill_share", "ema_tiers", "expected_tokens", "make_policy",
+           "monotone", "parse_table", "position_priors", "prefill_per_token", "probe_cost", "round_tokens",
            "row_tokens", "seed_costs", "switch_on", "worth_probing"]

@@ -8,7 +8,6 @@ from ...limits import check_k
 from .base import Choice, PolicyView
 from .tracker import AcceptanceTracker
 from .weighing import (
-    LEARNING_ROUNDS,
     SWITCH_MARGIN,
     OffHold,
     PlainCheck,
@@ -17,7 +16,6 @@ from .weighing import (
     catch_up_time,
     costs_ready,
     draft_prefill_share,
-    learning_round,
     round_tokens,
     row_tokens,
     switch_on,
@@ -67,17 +65,14 @@ class Goodput:
         self._raw: list[float | None] = []  # the last scores' round times without the draft-prefill share
         self._per_token = 0.0
         self._catch = 0.0  # the last scores' catch-up charge (catch_up_time)
-        self._per_row: list[list[float]] = []  # the last scores' expected tokens per row, k = 0..K
         self.covered: set = set()
-        self._mix = None  # the last scores' Mixture of past rows (None: too few)
 
     def scores(self, view: PolicyView) -> tuple[list[float], list[float | None]]:
         """Expected batch tokens and predicted round time for every k (pure given the tracker); a round that
         drafts also carries its share of the draft model's prefill (:func:`draft_prefill_share`)."""
         pop = self.tracker.population()
-        self._mix = mix = self.tracker.mixture(pop)
-        surv = [self.tracker.survival(r.request_id, pop, mix) for r in view.rows]
-        self._per_row = per_row = [row_tokens(sv, r.remaining, self.k_max) for sv, r in zip(surv, view.rows)]
+        surv = [self.tracker.survival(r.request_id, pop) for r in view.rows]
+        per_row = [row_tokens(sv, r.remaining, self.k_max) for sv, r in zip(surv, view.rows)]
         tokens = round_tokens(per_row, self.k_max)
         self._raw = times = self.times.get(view.costs, len(view.rows))
         self._per_token = per_token = view.costs.draft_prefill_time(1) if view.costs is not None else 0.0
@@ -122,9 +117,6 @@ class Goodput:
                    f"({n} rows)")
             best = 0
         if best == 0:
-            learn = self.learning(view, tokens, times)
-            if learn is not None:
-                return learn
             # round times without the prefill share: a probe pays the real one (weighed with the share)
             # (a probe pays the catch-up; whether one is worth it is the steady round's question)
             waited = self.probes.off_round(view.rows, self._raw[0], self._raw[1], self._per_token,
@@ -139,51 +131,6 @@ class Goodput:
                 return [Choice(0, f"goodput: timing plain steps at {n} rows before drafting k={best}")] * n
         out = [Choice(best, why)] * n
         return self.hold.start(view, out, self._raw[0], self.probes.quiet) if best == 0 else out
-
-    def learning(self, view: PolicyView, tokens: list[float], times: list[float | None]) -> list[Choice] | None:
-        """A drafting round to learn what young rows accept (:meth:`AcceptanceTracker.young`), when that is worth its
-        cost (:func:`learning_round`: each row weighed against the last rows that left,
-        :meth:`AcceptanceTracker.mixture`, by the posterior of its own counts). None: no such round."""
-        rows, K = view.rows, self.k_max
-        mix = self._mix
-        if mix is None or None in times:
-            return None
-        base = list(tokens)
-        groups: dict[tuple, list] = {}  # rows alike (same counts, same budget cap) -> [count, rounds sum, cap, counts]
-        for j, r in enumerate(rows):
-            counts = self.tracker.young(r.request_id)
-            if counts is None:
-                continue
-            for k in range(K + 1):
-                base[k] -= self._per_row[j][k]
-            cap = min(r.remaining, K + 1)
-            key = (tuple(counts[0]), tuple(counts[1]), cap)
-            g = groups.get(key)
-            if g is None:
-                g = groups[key] = [0, 0.0, cap, counts]
-            g[0] += 1
-            g[1] += min(r.remaining, LEARNING_ROUNDS)
-        if not groups:
-            return None
-        tok_cache: dict[int, list[list[float]]] = {}  # cap -> each past row's expected tokens
-        t0 = times[0]
-        young, top = [], list(base)
-        for count, rounds, cap, (reached, accepted) in groups.values():
-            toks = tok_cache.get(cap)
-            if toks is None:
-                toks = tok_cache[cap] = [row_tokens(sv, cap, K) for sv in mix.surv]
-            young.append((count, rounds / count, mix.weights(reached, accepted), toks))
-            for k in range(K + 1):  # every young row at the past row that does best: can anything switch on?
-                top[k] += count * max(tok[k] for tok in toks)
-        if max(top[k] / times[k] for k in range(1, K + 1)) < (1.0 + self.switch_margin) * top[0] / t0:
-            return None
-        extra = sum(self._per_token * (r.prompt_len + r.generated) for r in rows if not r.taken_in)
-        k, value, cost = learning_round(base, young, times, extra, self.switch_margin)
-        if not k:
-            return None
-        n_young = sum(g[0] for g in young)
-        return [Choice(k, f"goodput: learning k={k} for {n_young} young rows: {value * 1e3:.1f} ms to gain, "
-                          f"{cost * 1e3:.2f} ms to learn ({len(rows)} rows)")] * len(rows)
 
     def draft_stop(self):
         return None

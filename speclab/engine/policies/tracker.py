@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 
 from .base import PolicyView
 
@@ -71,19 +70,15 @@ class AcceptanceTracker:
     """
 
     def __init__(self, k_max: int, decay: float = 0.95, prior_weight: float = 4.0, default: float = 0.8,
-                 population_decay: float = 0.95, position_prior: str = "population", profiles: int = 32):
+                 population_decay: float = 0.95, position_prior: str = "population"):
         if position_prior not in POSITION_PRIORS:
             raise ValueError(f"position_prior must be one of {', '.join(POSITION_PRIORS)}, got {position_prior!r}")
         self.position_prior = position_prior
         self.k_max = k_max
         self.decay, self.w, self.default, self.pop_decay = decay, prior_weight, default, population_decay
-        # request id -> [history seen, reached[K], accepted[K], idle rounds, lifetime reached[K], lifetime accepted[K]]
-        self.rows: dict[str, list] = {}
+        self.rows: dict[str, list] = {}  # request id -> [history seen, reached[K], accepted[K]]
         self.pop_n = [0.0] * k_max
         self.pop_a = [0.0] * k_max
-        self.departed: deque = deque(maxlen=profiles)  # (reached, accepted) over the whole life of rows that left
-        self.departures = 0  # rows that left having drafted (mixture's cache key)
-        self._mix: tuple[int, Mixture | None] = (-1, None)
 
     def update(self, view: PolicyView) -> None:
         """Absorb every row's rounds since the last call; forget rows that left."""
@@ -95,8 +90,8 @@ class AcceptanceTracker:
             st = self.rows.get(r.request_id)
             h = r.history
             if st is None or st[0] > len(h):  # new (or an id reused by a new request)
-                st = self.rows[r.request_id] = [0, [0.0] * K, [0.0] * K, 0, [0] * K, [0] * K]
-            seen, N, A, idle, LN, LA = st
+                st = self.rows[r.request_id] = [0, [0.0] * K, [0.0] * K, 0]
+            seen, N, A, idle = st
             z = 0  # rounds since the last one that drafted: their decay is applied at once
             for d, a in h[seen:]:
                 z += 1
@@ -113,8 +108,6 @@ class AcceptanceTracker:
                     ok = 1.0 if i < a else 0.0
                     N[i] += 1.0
                     A[i] += ok
-                    LN[i] += 1
-                    LA[i] += ok
                     new_n[i] += 1.0
                     new_a[i] += ok
             if z and N[0]:  # (N[i] <= N[0]: nothing reached position 0, nothing to decay)
@@ -129,40 +122,7 @@ class AcceptanceTracker:
                 self.pop_a[i] = self.pop_a[i] * self.pop_decay + new_a[i]
         if len(self.rows) > len(live):
             for rid in [x for x in self.rows if x not in live]:
-                st = self.rows.pop(rid)
-                if st[4][0]:
-                    self.departed.append((st[4], st[5]))
-                    self.departures += 1
-
-    def fresh(self, request_id: str) -> bool:
-        """Has the row never drafted (no acceptance evidence of its own)?"""
-        st = self.rows.get(request_id)
-        return st is None or not st[4][0]
-
-    def young(self, request_id: str) -> tuple[list[float], list[float]] | None:
-        """The row's (reached, accepted) counts (decayed) while it is young: it reached position 0 in fewer than
-        2 x ``prior_weight`` rounds over its life (empty counts for a row never seen); else None."""
-        st = self.rows.get(request_id)
-        if st is None:
-            return [0.0] * self.k_max, [0.0] * self.k_max
-        return (st[1], st[2]) if st[4][0] < 2 * self.w else None
-
-    def profiles(self, pop: list[float] | None = None) -> list[list[float]]:
-        """The survival curves of the last rows that left having drafted, each from its whole life's counts (no decay:
-        what the row accepted while it drafted), each position's conditional (accepted + prior) / (reached + 1), prior
-        the population's there: the spread of what rows accept, which a mean hides (on a stream of JSON and code
-        requests, half the rows accept 0.7 at the first position and half 0.2; the mean, 0.45, describes neither).
-        e.g. a row reached position 0 in 4 rounds and accepted once, population [0.6, 0.9]: c0 = (1 + 0.6) / 5 = 0.32,
-        position 1 never reached: c1 = 0.9, survival [0.32, 0.288]."""
-        pop = pop if pop is not None else self.population()
-        out = []
-        for LN, LA in self.departed:
-            s, surv = 1.0, []
-            for i in range(self.k_max):
-                s *= (LA[i] + pop[i]) / (LN[i] + 1.0)
-                surv.append(s)
-            out.append(surv)
-        return out
+                del self.rows[rid]
 
     def idle_rounds(self, request_id: str) -> int:
         """Rounds since the row last drafted (all its rounds if it never did): how many tokens a draft model that
@@ -191,25 +151,9 @@ class AcceptanceTracker:
             out.append((A[i] + w * prior) / (N[i] + w))
         return out
 
-    def mixture(self, pop: list[float] | None = None) -> "Mixture | None":
-        """What past rows accepted (:meth:`profiles`, with the population as one more), ready to weigh a young row
-        against (:meth:`survival`'s ``mix``); None with fewer than :data:`MIXTURE_PROFILES` past rows. Built when a
-        row leaves (with the population then), not every round: a policy weighs rounds of a few milliseconds."""
-        if len(self.departed) < MIXTURE_PROFILES:
-            return None
-        if self._mix[0] != self.departures:
-            pop = pop if pop is not None else self.population()
-            s, surv = 1.0, []
-            for c in pop:
-                s *= c
-                surv.append(s)
-            self._mix = (self.departures, Mixture(self.profiles(pop) + [surv]))
-        return self._mix[1]
-
-    def survival(self, request_id: str, pop: list[float] | None = None, mix: "Mixture | None" = None) -> list[float]:
+    def survival(self, request_id: str, pop: list[float] | None = None) -> list[float]:
         """P(drafts 0..i all accepted) for i < K: the cumulative products of :meth:`conditional` (one loop: policies
-        ask for every row every round). ``mix`` (:meth:`mixture`): a young row that has drafted (:meth:`young`) is
-        shrunk toward what past rows like it accepted (:meth:`Mixture.prior`), not toward the population's mean."""
+        ask for every row every round)."""
         pop = pop if pop is not None else self.population()
         st = self.rows.get(request_id)
         s, out = 1.0, []
@@ -220,11 +164,6 @@ class AcceptanceTracker:
             return out
         N, A = st[1], st[2]
         w, prior, kind = self.w, pop[0], self.position_prior
-        if mix is not None and 0 < st[4][0] < 2 * w:  # young (as young() says)
-            for i, m in enumerate(mix.prior(N, A)):
-                s *= (A[i] + w * m) / (N[i] + w)
-                out.append(s)
-            return out
         if not N[0] and kind == "chain":  # no evidence at all (N[i] <= N[0]): every position at the population's first
             for _ in range(self.k_max):
                 s *= prior
@@ -236,57 +175,4 @@ class AcceptanceTracker:
             prior = (A[i] + w * prior) / (N[i] + w)
             s *= prior
             out.append(s)
-        return out
-
-
-MIXTURE_PROFILES = 2  # past rows needed before young rows are weighed against them (AcceptanceTracker.mixture)
-
-
-class Mixture:
-    """Past rows' survival curves as a discrete prior over what a row may be like (empirical Bayes): given a row's
-    counts (reached, accepted per position), each past row j is weighed by the likelihood of those counts under its
-    conditionals c_j, prod_i c_ji^accepted_i (1 - c_ji)^(reached_i - accepted_i), and :meth:`prior` is the weighted
-    mean survival's conditionals. On a stream of JSON and code requests, one accepted draft makes a new row far more
-    likely a JSON one (0.7 against 0.2 per draft), where shrinking it toward the mean of both (0.45) with prior weight
-    4 moves it a fifth of the way."""
-
-    def __init__(self, survivals: list[list[float]]):
-        self.surv = survivals
-        self.logs = []
-        for sv in survivals:
-            prev, lc, l1 = 1.0, [], []
-            for x in sv:
-                c = min(max(x / prev if prev > 0 else 0.0, 1e-4), 1 - 1e-4)
-                lc.append(math.log(c))
-                l1.append(math.log(1 - c))
-                prev = x
-            self.logs.append((lc, l1))
-
-    def weights(self, reached: list[float], accepted: list[float]) -> list[float]:
-        """Each past row's posterior weight given these counts (summing to 1)."""
-        lls = []
-        for lc, l1 in self.logs:
-            ll = 0.0
-            for i, n in enumerate(reached):
-                if n:
-                    a = accepted[i]
-                    ll += a * lc[i] + (n - a) * l1[i]
-            lls.append(ll)
-        top = max(lls)
-        ws = [math.exp(x - top) for x in lls]
-        tot = sum(ws)
-        return [w / tot for w in ws]
-
-    def prior(self, reached: list[float], accepted: list[float]) -> list[float]:
-        """The conditionals per position of the past rows' survival, each weighed by the likelihood of these counts.
-        e.g. past rows with conditionals [0.8, 0.9] and [0.2, 0.5], one round that accepted its one draft
-        (reached [1, 0], accepted [1, 0]): weights 0.8 and 0.2, survival 0.8 x [0.8, 0.72] + 0.2 x [0.2, 0.1] =
-        [0.68, 0.596], conditionals [0.68, 0.876]."""
-        ws = self.weights(reached, accepted)
-        K = len(self.surv[0])
-        mean = [sum(wj * sv[i] for wj, sv in zip(ws, self.surv)) for i in range(K)]
-        out, prev = [], 1.0
-        for x in mean:
-            out.append(x / prev if prev > 0 else 0.0)
-            prev = x
         return out

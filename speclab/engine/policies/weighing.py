@@ -271,54 +271,6 @@ class PlainCheck:
         return True
 
 
-LEARNING_ROUNDS = 128  # at most this many of a young row's remaining rounds count toward what learning it is worth
-
-
-def learning_round(base: list[float], young: list[tuple[int, float, list[float], list[list[float]]]],
-                   times: list[float], extra: float = 0.0, margin: float = 0.05) -> tuple[int, float, float]:
-    """Is one drafting round worth running to learn what young rows accept, in a round their estimates would run at
-    k = 0? ``base``: the expected tokens of the other rows, k = 0..K; ``young``: per group of alike young rows, (how
-    many, the rounds each has left, the posterior weights over past rows j given their evidence (all equal for rows
-    that never drafted), a row's expected tokens k = 0..K were it like past row j); ``times``: predicted round
-    seconds, k = 0..K; ``extra``: what a drafting round pays besides (the draft's prefill of rows it has not taken in).
-
-    The *value* of learning is the value of knowing which past row a young row is like: where drafting pays for the
-    batch with the row like past row j (gain_j >= 1 + ``margin`` at its best k, the other young rows at their
-    expected tokens), knowing it saves 1 - 1/gain_j of the plain rounds the row has left; the expectation over j,
-    summed over the young rows, times t0. The *cost* is what one round loses against plain decoding at the k that
-    loses least: t_k + ``extra`` - t0 x E[tokens_k] / E[tokens_0]. A round is worth it when the value exceeds the cost.
-    Each round's counts move the posterior, so the value falls as a row shows itself like the rows that do not pay,
-    and the learning stops. (Measured against one step of lookahead, which asks whether the next round's outcome
-    alone would switch drafting on: that undervalues a lesson the tracker takes over a few rounds, and on the mixed
-    stream at one row it read 0.96-1.00x plain where this read 0.99-1.04x; docs/policies.md.)
-
-    On a stream where half the requests accept well and half do not, the mean keeps new rows at k = 0 and the rows
-    where drafting pays are never found; where no past row gains, the value is 0. Returns (k, value, cost); k = 0:
-    no round is worth it.
-    e.g. one new row, t = [1, 1.5, 2] s, past rows with survival [0.9, 0.8] (tokens [1, 1.9, 2.7]: 1.35x at k = 2)
-    and [0.1, 0.01] (tokens [1, 1.1, 1.11]: never pays), equal weights, 10 rounds left: value
-    0.5 x (1 - 1/1.35) x 10 x 1 = 1.30 s; k = 1 expects 1.5 tokens in 1.5 s (cost 0), k = 2 1.905 in 2 s
-    (cost 0.095): (1, 1.30, 0.0)."""
-    K = len(times) - 1
-    if not young or K < 1 or not times[0]:
-        return 0, 0.0, 0.0
-    t0 = times[0]
-    means = [[sum(w * tok[k] for w, tok in zip(ws, toks)) for k in range(K + 1)] for _, _, ws, toks in young]
-    total = [b + sum(g[0] * m[k] for g, m in zip(young, means)) for k, b in enumerate(base)]
-    value = 0.0
-    for (count, rounds, ws, toks), mean in zip(young, means):
-        for w, tok in zip(ws, toks):
-            t = [total[k] - mean[k] + tok[k] for k in range(K + 1)]
-            gain = max(t[k] / times[k] for k in range(1, K + 1)) / (t[0] / t0) if t[0] else 0.0
-            if gain >= 1.0 + margin:
-                value += count * w * (1.0 - 1.0 / gain) * rounds * t0
-    if not value:
-        return 0, 0.0, 0.0
-    costs = [times[k] + extra - t0 * total[k] / total[0] for k in range(1, K + 1)]
-    k = min(range(K), key=lambda i: costs[i]) + 1
-    return (k, value, costs[k - 1]) if value > costs[k - 1] else (0, value, costs[k - 1])
-
-
 SWITCH_MARGIN = 0.05  # the predicted gain over plain decoding that switches speculation back on (see switch_on)
 
 
