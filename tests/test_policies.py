@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -1172,6 +1173,18 @@ def test_policy_targets_from_a_hand_built_report():
     assert c["where"] == "mixed batch 16 (1.900x)"
 
 
+def test_a_cells_speedup_is_the_median_of_its_repetitions_ratios():
+    """Lockstep pairs each configuration's repetition with plain decoding's in the same repetition: the speedup is the
+    median of those ratios, not the ratio of the medians (which pairs different repetitions)."""
+    from speclab.analysis.bench_policies import paired_ratios
+
+    plain, policy = [100.0, 50.0, 90.0], [105.0, 60.0, 80.0]  # the machine halved its speed in the second repetition
+    ratios = paired_ratios(policy, plain)
+    assert ratios == pytest.approx([1.05, 1.2, 80 / 90])
+    assert statistics.median(ratios) == pytest.approx(1.05)
+    assert statistics.median(policy) / statistics.median(plain) == pytest.approx(80 / 90)  # the old statistic
+
+
 def test_policy_configs_with_the_control():
     from speclab.analysis.bench_policies import CONTROL, policy_configs
 
@@ -1301,6 +1314,7 @@ def test_bench_policies_smoke(tmp_path, capsys):
             "plain-again"} <= configs
     assert rep["targets"]["control_apart"]["value"] >= 0
     assert all(r["identical"] and r["tokens_per_s"] > 0 for r in rep["rows"])
+    assert all(len(r["speedups"]) == 1 and r["speedup"] == r["speedups"][0] for r in rep["rows"])  # one repetition
     assert {"goodput_vs_best_fixed", "mixed_goodput_vs_best_single_k", "adaptive_vs_plain_floor",
             "all_identical"} <= set(rep["targets"])
     assert "target goodput_vs_best_fixed" in capsys.readouterr().out
