@@ -1304,7 +1304,7 @@ def test_bench_policies_smoke(tmp_path, capsys):
 
     out = tmp_path / "policies.json"
     rc = main(["bench", "--policies", "--workload", "json,code", "--batches", "1,2", "--ks", "1,2",
-               "--prompts-per-workload", "1", "--reps", "1", "--max-new-tokens", "6", "--threads", "1",
+               "--prompts-per-workload", "1", "--reps", "2", "--max-new-tokens", "6", "--threads", "1",
                "--control", "--json", str(out), "--quiet"])
     assert rc == 0
     rep = json.loads(out.read_text())
@@ -1314,7 +1314,12 @@ def test_bench_policies_smoke(tmp_path, capsys):
             "plain-again"} <= configs
     assert rep["targets"]["control_apart"]["value"] >= 0
     assert all(r["identical"] and r["tokens_per_s"] > 0 for r in rep["rows"])
-    assert all(len(r["speedups"]) == 1 and r["speedup"] == r["speedups"][0] for r in rep["rows"])  # one repetition
+    # a cell's speedup: the median of its repetitions' ratios to plain, not the ratio of the medians
+    assert all(len(r["speedups"]) == 2 and r["speedup"] == pytest.approx(statistics.median(r["speedups"]))
+               for r in rep["rows"])
+    plain = {(r["workload"], r["batch"]): r["tokens_per_s"] for r in rep["rows"] if r["config"] == "plain"}
+    assert all(r["speedup_of_medians"] == pytest.approx(r["tokens_per_s"] / plain[(r["workload"], r["batch"])])
+               for r in rep["rows"])
     assert {"goodput_vs_best_fixed", "mixed_goodput_vs_best_single_k", "adaptive_vs_plain_floor",
             "all_identical"} <= set(rep["targets"])
     assert "target goodput_vs_best_fixed" in capsys.readouterr().out
