@@ -1314,6 +1314,11 @@ def test_bench_policies_smoke(tmp_path, capsys):
             "plain-again"} <= configs
     assert rep["targets"]["control_apart"]["value"] >= 0
     assert all(r["identical"] and r["tokens_per_s"] > 0 for r in rep["rows"])
+    # budgets spread around --max-new-tokens (6 x [0.5, 1.5]) by default, the same for every configuration of a cell
+    from speclab.analysis.bench_policies import spread_lengths
+
+    assert rep["length_spread"] == 0.5 and rep["tokens_per_cell"] == {
+        f"{w}@{B}": sum(spread_lengths(6, max(1, B) + B, 0.5, f"0-{w}-{B}")) for w in rep["workloads"] for B in (1, 2)}
     # a cell's speedup: the median of its repetitions' ratios to plain, not the ratio of the medians
     assert all(len(r["speedups"]) == 2 and r["speedup"] == pytest.approx(statistics.median(r["speedups"]))
                for r in rep["rows"])
@@ -1323,6 +1328,18 @@ def test_bench_policies_smoke(tmp_path, capsys):
     assert {"goodput_vs_best_fixed", "mixed_goodput_vs_best_single_k", "adaptive_vs_plain_floor",
             "all_identical"} <= set(rep["targets"])
     assert "target goodput_vs_best_fixed" in capsys.readouterr().out
+
+
+def test_spread_lengths_are_drawn_once_per_cell_and_stay_in_range():
+    from speclab.analysis.bench_policies import budgets, spread_lengths
+
+    assert spread_lengths(32, 5, 0.0, "s") == [32] * 5
+    a = spread_lengths(32, 200, 0.5, "0-json-4")
+    assert a == spread_lengths(32, 200, 0.5, "0-json-4")  # the same draws for every configuration
+    assert a != spread_lengths(32, 200, 0.5, "0-code-4")
+    assert min(a) == 16 and max(a) == 48 and 28 < sum(a) / len(a) < 36
+    assert spread_lengths(2, 50, 0.9, 1) and min(spread_lengths(2, 50, 0.9, 1)) >= 1
+    assert budgets(7, 3) == [7, 7, 7] and budgets([1, 2], 2) == [1, 2]
 
 
 def test_bench_tracker_fit_smoke(tmp_path, capsys):

@@ -7,7 +7,10 @@ on a *mixed* stream (the workloads' prompts interleaved), at concurrency levels 
 crossover. A level B is a burst of max(requests, B) + B requests at concurrency B: one scheduler runs
 at most B rows, every request is queued at the start and a finished row is replaced at once
 (continuous batching, as a server runs); throughput over the whole burst (prefill and the final drain
-included: every configuration does the same work). All configurations of a cell run at once, interleaved step by
+included: every configuration does the same work). Each request's budget is drawn around ``--max-new-tokens``
+(:func:`spread_lengths`, ``--length-spread``), the same draws for every configuration: served requests end at
+different lengths, and with one length for all, plain decoding's rows finish together and are replaced by one
+prefill forward while a configuration that ever drafted pays one forward per row. All configurations of a cell run at once, interleaved step by
 step (:func:`lockstep`: each its own scheduler, charged the time of its own steps, the order rotating every
 cycle), because this machine's speed drifts by tens of percent over seconds; the whole grid repeats ``--reps``
 times; each cell reports the median throughput. The spec
@@ -42,6 +45,8 @@ import statistics
 import sys
 import time
 
+from ..errors import SpeclabError
+
 QUICK = dict(batches=(1, 4, 16, 64), fixed_ks=(1, 2, 4), max_new_tokens=32, prompts=4)
 FULL = dict(batches=(1, 2, 4, 8, 16, 32, 64, 128), fixed_ks=(1, 2, 3, 4, 6, 8), max_new_tokens=64, prompts=8)
 SYNTH = dict(alphas=(0.3, 0.5, 0.7, 0.9), ks=(1, 2, 4, 8), batches=(1, 4, 16, 64))
@@ -60,6 +65,9 @@ def add_arguments(b) -> None:
                    help="the (alpha, k, batch) landscape with the synthetic drafter vs the cost model (issue 12)")
     b.add_argument("--policy-list", default=None,
                    help="--policies: policies to run besides plain and fixed k (default: every one; 'none': none)")
+    b.add_argument("--length-spread", type=float, default=0.5,
+                   help="--policies: each request's token budget drawn uniformly from max-new-tokens x [1 - s, 1 + s] "
+                        "(default 0.5; the same draws for every configuration; 0: every request max-new-tokens)")
     b.add_argument("--alphas", default=None, help="--synthetic: acceptance values (default 0.3,0.5,0.7,0.9)")
     b.add_argument("--cost", type=float, default=0.1, help="--synthetic: draft step cost C (x a target step)")
     b.add_argument("--clock", choices=("wall", "process"), default="wall",
@@ -146,25 +154,47 @@ def policy_configs(fixed_ks: list[int], names: list[str], control: bool = False)
     return out + [(CONTROL, None, 0)] if control else out
 
 
-def _burst(target, drafter, policy, prompts: list[list[int]], concurrency: int, max_new_tokens: int, costs, seed: int):
-    """One scheduler of at most ``concurrency`` rows with every prompt queued (greedy, ``max_new_tokens`` each):
-    (scheduler, requests). No drafter: plain decoding. Adaptive policies record step costs; fixed k does not."""
+def budgets(max_new_tokens: int | list[int], n: int) -> list[int]:
+    """Each of ``n`` requests' token budget: one number for all, or a list of one per request."""
+    return [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+
+
+def spread_lengths(mean: int, n: int, spread: float, seed) -> list[int]:
+    """``n`` token budgets drawn uniformly from [mean (1 - spread), mean (1 + spread)] (rounded, at least 1) by a
+    generator seeded with ``seed``, so every configuration of a cell gets the same ones; spread 0: ``mean`` each.
+    Served requests end at different lengths. With every request the same length, plain decoding's rows finish in
+    the same round and the rows that replace them are prefilled in one forward, while a configuration that ever
+    drafted has rows that finish apart and are replaced one forward each (vLLM's ``bench serve`` random dataset
+    spreads its output lengths the same way, ``--random-range-ratio``). e.g. mean 32, spread 0.5: budgets in 16..48."""
+    if spread <= 0:
+        return [mean] * n
+    rng = random.Random(seed)
+    lo, hi = max(1, round(mean * (1 - spread))), max(1, round(mean * (1 + spread)))
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def _burst(target, drafter, policy, prompts: list[list[int]], concurrency: int, max_new_tokens: int | list[int],
+           costs, seed: int):
+    """One scheduler of at most ``concurrency`` rows with every prompt queued (greedy, ``max_new_tokens`` each, or a
+    list of one budget per prompt): (scheduler, requests). No drafter: plain decoding. Adaptive policies record step
+    costs; fixed k does not."""
     from ..engine import Off, Request, Scheduler
     from ..engine.sampling import SamplingParams
 
     pol = policy if drafter is not None else Off()
-    longest = max(len(p) for p in prompts) + max_new_tokens
+    lens = budgets(max_new_tokens, len(prompts))
+    longest = max(len(p) + m for p, m in zip(prompts, lens))
     sched = Scheduler(target, drafter, pol, max_running=concurrency, max_waiting=len(prompts), max_len=longest,
                       capacity=concurrency, costs=costs, record_costs=pol.name not in ("fixed", "off"))
-    reqs = [Request(list(p), max_new_tokens, SamplingParams(), seed=seed + i, request_id=f"bench-{i}")
-            for i, p in enumerate(prompts)]
+    reqs = [Request(list(p), m, SamplingParams(), seed=seed + i, request_id=f"bench-{i}")
+            for i, (p, m) in enumerate(zip(prompts, lens))]
     for r in reqs:
         sched.submit(r)
     return sched, reqs
 
 
-def at_concurrency(target, drafter, policy, prompts: list[list[int]], concurrency: int, max_new_tokens: int,
-                   costs=None, seed: int = 0, clock=time.perf_counter):
+def at_concurrency(target, drafter, policy, prompts: list[list[int]], concurrency: int,
+                   max_new_tokens: int | list[int], costs=None, seed: int = 0, clock=time.perf_counter):
     """Decode ``prompts`` (token ids, greedy) through one scheduler that runs at most ``concurrency`` rows,
     every request queued at the start, so a finished row is replaced at once (continuous batching, as a
     server runs under a burst of requests), to the last token. Every configuration does the same work
@@ -179,8 +209,8 @@ def at_concurrency(target, drafter, policy, prompts: list[list[int]], concurrenc
     return sum(len(r.generated) for r in reqs), spent, reqs
 
 
-def lockstep(target, runs: list[tuple], prompts: list[list[int]], concurrency: int, max_new_tokens: int,
-             costs=None, seed: int = 0, clock=time.perf_counter, offset: int = 0,
+def lockstep(target, runs: list[tuple], prompts: list[list[int]], concurrency: int,
+             max_new_tokens: int | list[int], costs=None, seed: int = 0, clock=time.perf_counter, offset: int = 0,
              shuffle=None) -> list[tuple[int, float, list]]:
     """:func:`at_concurrency` for several configurations at once, interleaved step by step: ``runs`` is a list of
     (drafter or None, policy) pairs, each with its own scheduler over the same ``prompts``; one cycle steps every
@@ -247,8 +277,13 @@ def run_policies(args) -> int:
         texts["mixed"] = mixed_prompts(wls)
     ids = {w: [target.encode(p) for p in ps] for w, ps in texts.items()}
     cells = [(w, B) for w in ids for B in levels]
-    # per cell: a burst of max(prompts, B) + B requests at concurrency B
+    # per cell: a burst of max(prompts, B) + B requests at concurrency B, their budgets spread around M
     queue = {(w, B): [ids[w][i % len(ids[w])] for i in range(max(n_prompts, B) + B)] for w, B in cells}
+    spread = getattr(args, "length_spread", 0.0)
+    if not 0 <= spread < 1:
+        raise SpeclabError(f"--length-spread must be in [0, 1), got {spread}")
+    lengths = {(w, B): spread_lengths(M, len(q), spread, f"{args.seed}-{w}-{B}") for (w, B), q in queue.items()}
+    longest = max(max(v) for v in lengths.values())
     drafter = make_drafter(draft_name, target, load=cached_model)
     spec = SpeculativeDecoder(target, drafter)  # its step costs are the ones every adaptive policy reads
 
@@ -258,7 +293,7 @@ def run_policies(args) -> int:
     plain_dec = SpeculativeDecoder(target, None)
     keys = list(uniq)
     for i in range(0, len(keys), 32):
-        out = plain_dec.generate([uniq[k] for k in keys[i:i + 32]], k=0, max_new_tokens=M, record=False)
+        out = plain_dec.generate([uniq[k] for k in keys[i:i + 32]], k=0, max_new_tokens=longest, record=False)
         ref.update(zip(keys[i:i + 32], out.output_tokens))
     lens = sorted(len(p) for p in uniq.values())
     ctx = lens[len(lens) // 2] + M // 2
@@ -288,7 +323,8 @@ def run_policies(args) -> int:
     for rep in range(g["reps"]):
         for w, B in cells:
             out = lockstep(target, [(drafters[label], policies.get((w, B, label))) for label, _, _ in configs],
-                           queue[(w, B)], B, M, [tables[label] for label, _, _ in configs], args.seed, clock,
+                           queue[(w, B)], B, lengths[(w, B)], [tables[label] for label, _, _ in configs], args.seed,
+                           clock,
                            shuffle=order)
             for (label, pol_spec, k), (ntok, spent, reqs) in zip(configs, out):
                 key = (w, B, label)
@@ -299,7 +335,7 @@ def run_policies(args) -> int:
                     st["accepted"] += r.accepted
                     st["rounds"] += r.rounds
                     st["zero"] += sum(1 for d, _ in r.history if d == 0)
-                ok = all(r.generated == ref[tuple(r.prompt_ids)] for r in reqs)
+                ok = all(r.generated == ref[tuple(r.prompt_ids)][:r.max_new_tokens] for r in reqs)
                 identical[key] = identical.get(key, True) and ok
         log(f"[policies] repetition {rep + 1}/{g['reps']} done ({time.perf_counter() - t_run:.0f} s)")
 
@@ -322,7 +358,8 @@ def run_policies(args) -> int:
                 identical=identical[key], adaptive=(pol_spec in ADAPTIVE)))
     report = dict(
         command="speclab bench " + " ".join(sys.argv[2:]), target=target.name, draft=draft_name,
-        device=str(target.device), clock=args.clock, max_new_tokens=M, requests_per_cell=n_prompts,
+        device=str(target.device), clock=args.clock, max_new_tokens=M, length_spread=spread,
+        tokens_per_cell={f"{w}@{B}": sum(v) for (w, B), v in lengths.items()}, requests_per_cell=n_prompts,
         batches=levels, fixed_ks=g["fixed_ks"], K=K, reps=g["reps"], workloads=list(ids),
         calibration_s=calib_s, run_s=time.perf_counter() - t_run, costs=spec.costs.snapshot(),
         learnt_costs={label: t.snapshot() for label, t in tables.items() if t is not spec.costs}, rows=results)
@@ -388,13 +425,21 @@ def policy_targets(rep: dict) -> dict:
     return t
 
 
+def _budget_text(rep: dict) -> str:
+    """The requests' token budgets as the header states them. e.g. '32 new tokens (each 16..48)'."""
+    M, sp = rep["max_new_tokens"], rep.get("length_spread", 0.0)
+    if not sp:
+        return f"{M} new tokens"
+    return f"{M} new tokens (each {max(1, round(M * (1 - sp)))}..{max(1, round(M * (1 + sp)))})"
+
+
 def format_policies(rep: dict) -> str:
     rows = rep["rows"]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     fixed = list(dict.fromkeys(r["config"] for r in rows if r["policy"] in ("fixed", "off")))
     by = {(r["workload"], r["batch"], r["config"]): r for r in rows}
     L = [f"target {rep['target']}  draft {rep['draft']}  device {rep['device']}  clock {rep['clock']}  "
-         f"{rep['max_new_tokens']} new tokens  concurrency = batch, bursts of max({rep['requests_per_cell']}, "
+         f"{_budget_text(rep)}  concurrency = batch, bursts of max({rep['requests_per_cell']}, "
          f"batch) + batch requests  "
          f"reps {rep['reps']}  adaptive K={rep['K']}  calibration {rep['calibration_s']:.1f} s (untimed)  "
          f"run {rep['run_s']:.0f} s",
