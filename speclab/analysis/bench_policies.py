@@ -2,26 +2,25 @@
 ``speclab bench --synthetic``: the (acceptance, k, batch) landscape against the cost model.
 
 **--policies.** Plain decoding (k = 0), fixed k for each k in the grid, and every policy of
-``speclab.engine.policies`` (adaptive ones with the grid's largest k as their K), on each workload and
-on a *mixed* stream (the workloads' prompts interleaved), at concurrency levels from 1 to past the
-crossover. A level B is a burst of max(requests, B) + B requests at concurrency B: one scheduler runs
-at most B rows, every request is queued at the start and a finished row is replaced at once
-(continuous batching, as a server runs); throughput over the whole burst (prefill and the final drain
-included: every configuration does the same work). Each request's budget is drawn around ``--max-new-tokens``
-(:func:`spread_lengths`, ``--length-spread``), the same draws for every configuration: served requests end at
-different lengths, and with one length for all, plain decoding's rows finish together and are replaced by one
-prefill forward while a configuration that ever drafted pays one forward per row. All configurations of a cell run at once, interleaved step by
-step (:func:`lockstep`: each its own scheduler, charged the time of its own steps, the order rotating every
-cycle), because this machine's speed drifts by tens of percent over seconds; the whole grid repeats ``--reps``
-times; each cell reports the median throughput. The spec
-decoder's step costs are calibrated once before anything is timed (``OnlineCosts.calibrate``; its
-seconds are reported, not counted), and are learnt online over the run, as a server would: each adaptive
-configuration from a copy of its own (a stop rule's draft phases must not move goodput's predictions). One policy
-object per (cell, configuration), kept over the repetitions (a server keeps its policy and what it
-learnt about the traffic). Every output is checked token-identical to plain greedy decoding. Targets
-(issue 12): goodput >= 0.95x the best fixed k in hindsight (k = 0 included) in every cell; on the
-mixed stream goodput beats every single fixed k over the load levels (geometric mean of the
-speedups); no adaptive policy below 0.97x plain in any cell.
+``speclab.engine.policies`` (adaptive ones with the grid's largest k as their K), on each workload and on a *mixed*
+stream (the workloads' prompts interleaved), at concurrency levels from 1 to past the crossover. A level B is a
+burst of max(requests, B) + B requests at concurrency B: one scheduler runs at most B rows, every request is queued
+at the start and a finished row is replaced at once (continuous batching, as a server runs); throughput over the
+whole burst (prefill and the final drain included: every configuration does the same work). Each request's budget is
+drawn around ``--max-new-tokens`` (:func:`spread_lengths`, ``--length-spread``), the same draws for every
+configuration: served requests end at different lengths, and with one length for all, plain decoding's rows finish
+together and are replaced by one prefill forward while a configuration that ever drafted pays one forward per row.
+All configurations of a cell run at once, interleaved step by step (:func:`lockstep`: each its own scheduler,
+charged the time of its own steps, in a fresh random order every cycle), because this machine's speed drifts by tens
+of percent over seconds; the whole grid repeats ``--reps`` times; a cell's speedup is the median of its repetitions'
+ratios to plain decoding (:func:`paired_ratios`). The spec decoder's step costs are calibrated once before anything
+is timed (``OnlineCosts.calibrate``; its seconds are reported, not counted), and are learnt online over the run, as
+a server would: each adaptive configuration from a copy of its own (a stop rule's draft phases must not move
+goodput's predictions). One policy object per (cell, configuration), kept over the repetitions (a server keeps its
+policy and what it learnt about the traffic). Every output is checked token-identical to plain greedy decoding.
+Targets (issue 12): goodput >= 0.95x the best fixed k in hindsight (k = 0 included) in every cell; on the mixed
+stream goodput beats every single fixed k over the load levels (geometric mean of the speedups); no adaptive policy
+below 0.97x plain in any cell.
 
 **--synthetic.** The synthetic drafter (``synthetic:ALPHA:C``) at every (alpha, k, batch), greedy,
 EOS ignored (every row emits exactly ``--max-new-tokens``), prompts cut to their first 32 tokens,
