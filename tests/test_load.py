@@ -668,6 +668,14 @@ def _faulty_app():
             return JSONResponse({"error": {"message": "queue full"}}, status_code=429)
 
         async def gen():
+            if mode == "echo_max":  # as many one-token chunks as the request's max_tokens
+                n = int(body["max_tokens"])
+                for _ in range(n):
+                    yield chunk("a")
+                yield event({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n,
+                                                      "total_tokens": n + 1}})
+                yield "data: [DONE]\n\n"
+                return
             if mode == "slow_start":
                 await asyncio.sleep(3600)
             for t in ("a", "b", "c"):
@@ -724,12 +732,12 @@ def _prompts():
     return [Prompt("p0", "t", "hello"), Prompt("p1", "t", "world")]
 
 
-def _run(url, model, *, n=2, timeout=1.0, duration=None, concurrency=2, deadline=None):
+def _run(url, model, *, n=2, timeout=1.0, duration=None, concurrency=2, deadline=None, max_tokens=3, spread=0.0):
     from speclab.load import Endpoint, LoadSpec, concurrency_levels, run
 
-    ep = Endpoint(url, model=model, timeout=timeout, max_tokens=3)
+    ep = Endpoint(url, model=model, timeout=timeout, max_tokens=max_tokens)
     spec = LoadSpec(levels=concurrency_levels(str(concurrency)), prompts=_prompts(), num_requests=n,
-                    duration=duration, warmup=0, quiet=True, deadline=deadline)
+                    duration=duration, warmup=0, quiet=True, deadline=deadline, length_spread=spread)
     return run(ep, spec)
 
 
@@ -762,6 +770,38 @@ def test_good_stream_counts_usage_tokens(faulty_server):
     r = lv["requests"][0]
     assert r["text"] == "abc" and r["output_tokens"] == 3 and r["token_source"] == "usage"
     assert len(r["chunk_times"]) == 3 and r["done_time"] >= r["chunk_times"][-1]
+
+
+def test_length_spread_gives_each_request_its_own_max_tokens(faulty_server):
+    """--length-spread: request i asks for budget i of the level's draws (the same on every server with the same
+    seed), and the server's answer is counted against it; spread 0 sends --max-tokens to every request."""
+    from speclab.load.report import format_result
+    from speclab.load.shapes import Budgets
+
+    res = _run(faulty_server, "echo_max", n=12, max_tokens=8, spread=0.5)
+    reqs = sorted(res["levels"][0]["requests"], key=lambda r: r["index"])
+    want = Budgets(8, 0.5, "0-concurrency 2").first(12)
+    assert [r["max_tokens"] for r in reqs] == want and len(set(want)) > 1 and 4 <= min(want) <= max(want) <= 12
+    assert [r["output_tokens"] for r in reqs] == want  # the server saw each request's own budget
+    assert res["length_spread"] == 0.5 and "max_tokens 8 (each 4..12)" in format_result(res)
+    plain = _run(faulty_server, "echo_max", n=3, max_tokens=8)
+    assert [r["output_tokens"] for r in plain["levels"][0]["requests"]] == [8, 8, 8]
+    assert all(r["max_tokens"] is None for r in plain["levels"][0]["requests"])
+
+
+def test_budgets_by_hand():
+    from speclab.errors import SpeclabError
+    from speclab.load.shapes import Budgets, check_spread
+
+    b = Budgets(10, 0.3, seed=1)
+    assert (b.lo, b.hi, b.label) == (7, 13, "10 (each 7..13)")
+    late = b[5]  # drawn on demand, in request order: asking for 5 first draws 0..5
+    assert b.first(6)[5] == late and Budgets(10, 0.3, seed=1).first(6) == b.first(6)
+    assert Budgets(10).first(3) == [10, 10, 10] and Budgets(10).label == "10"
+    assert Budgets(1, 0.9).lo == 1
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(SpeclabError, match="--length-spread"):
+            check_spread(bad)
 
 
 def test_times_start_when_the_request_is_on_the_wire(faulty_server):
@@ -824,6 +864,9 @@ def test_dead_url_cli_fails_fast_with_reasons(tmp_path, capsys):
     assert "connection failed" in s["failure_examples"][0]
     assert "every request failed" in capsys.readouterr().err
     assert main(["load", "ftp://x", "--quiet"]) == 2
+    capsys.readouterr()
+    assert main(["load", "http://127.0.0.1:1", "--length-spread", "1.5", "--quiet"]) == 2
+    assert "--length-spread must be in [0, 1), got 1.5" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- against a real speclab serve

@@ -1315,7 +1315,7 @@ def test_bench_policies_smoke(tmp_path, capsys):
     assert rep["targets"]["control_apart"]["value"] >= 0
     assert all(r["identical"] and r["tokens_per_s"] > 0 for r in rep["rows"])
     # budgets spread around --max-new-tokens (6 x [0.5, 1.5]) by default, the same for every configuration of a cell
-    from speclab.analysis.bench_policies import spread_lengths
+    from speclab.load.shapes import spread_lengths
 
     assert rep["length_spread"] == 0.5 and rep["tokens_per_cell"] == {
         f"{w}@{B}": sum(spread_lengths(6, max(1, B) + B, 0.5, f"0-{w}-{B}")) for w in rep["workloads"] for B in (1, 2)}
@@ -1331,7 +1331,8 @@ def test_bench_policies_smoke(tmp_path, capsys):
 
 
 def test_spread_lengths_are_drawn_once_per_cell_and_stay_in_range():
-    from speclab.analysis.bench_policies import budgets, spread_lengths
+    from speclab.analysis.bench_policies import budgets
+    from speclab.load.shapes import spread_lengths
 
     assert spread_lengths(32, 5, 0.0, "s") == [32] * 5
     a = spread_lengths(32, 200, 0.5, "0-json-4")

@@ -267,6 +267,10 @@ def test_tiny_experiment_on_speclab_serve(tmp_path, capsys):
     cells = {(c["server"], c["concurrency"]): c for c in res["cells"]}
     assert set(cells) == {(s, c) for s in ("speclab plain", "speclab plain (control)", "speclab fixed k=4",
                                            "speclab fixed k=4 split") for c in (1, 4)}
+    # each request's budget drawn from 24 x [0.5, 1.5] by default (request i of a repetition: the same on every server)
+    assert res["settings"]["length_spread"] == 0.5
+    asked = [r["max_tokens"] for c in res["cells"] for r in c["requests"]]
+    assert 12 <= min(asked) and max(asked) <= 36 and len(set(asked)) > 1
     for c in res["cells"]:
         assert c["failed"] == 0 and c["completed"] == 4 and c["tok_s"] > 0 and len(c["requests"]) == 4
         assert {"call", "fingerprint", "summary", "server_metrics", "inside", "tpot_p95_ms"} <= set(c)

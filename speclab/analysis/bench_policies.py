@@ -44,7 +44,7 @@ import statistics
 import sys
 import time
 
-from ..errors import SpeclabError
+from ..load.shapes import Budgets, check_spread, spread_lengths
 
 QUICK = dict(batches=(1, 4, 16, 64), fixed_ks=(1, 2, 4), max_new_tokens=32, prompts=4)
 FULL = dict(batches=(1, 2, 4, 8, 16, 32, 64, 128), fixed_ks=(1, 2, 3, 4, 6, 8), max_new_tokens=64, prompts=8)
@@ -65,8 +65,9 @@ def add_arguments(b) -> None:
     b.add_argument("--policy-list", default=None,
                    help="--policies: policies to run besides plain and fixed k (default: every one; 'none': none)")
     b.add_argument("--length-spread", type=float, default=0.5,
-                   help="--policies: each request's token budget drawn uniformly from max-new-tokens x [1 - s, 1 + s] "
-                        "(default 0.5; the same draws for every configuration; 0: every request max-new-tokens)")
+                   help="--policies, --serve-experiment: each request's token budget drawn uniformly from "
+                        "max-new-tokens x [1 - s, 1 + s] (default 0.5; the same draws for every configuration or "
+                        "server; 0: every request max-new-tokens)")
     b.add_argument("--alphas", default=None, help="--synthetic: acceptance values (default 0.3,0.5,0.7,0.9)")
     b.add_argument("--cost", type=float, default=0.1, help="--synthetic: draft step cost C (x a target step)")
     b.add_argument("--clock", choices=("wall", "process"), default="wall",
@@ -156,20 +157,6 @@ def policy_configs(fixed_ks: list[int], names: list[str], control: bool = False)
 def budgets(max_new_tokens: int | list[int], n: int) -> list[int]:
     """Each of ``n`` requests' token budget: one number for all, or a list of one per request."""
     return [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
-
-
-def spread_lengths(mean: int, n: int, spread: float, seed) -> list[int]:
-    """``n`` token budgets drawn uniformly from [mean (1 - spread), mean (1 + spread)] (rounded, at least 1) by a
-    generator seeded with ``seed``, so every configuration of a cell gets the same ones; spread 0: ``mean`` each.
-    Served requests end at different lengths. With every request the same length, plain decoding's rows finish in
-    the same round and the rows that replace them are prefilled in one forward, while a configuration that ever
-    drafted has rows that finish apart and are replaced one forward each (vLLM's ``bench serve`` random dataset
-    spreads its output lengths the same way, ``--random-range-ratio``). e.g. mean 32, spread 0.5: budgets in 16..48."""
-    if spread <= 0:
-        return [mean] * n
-    rng = random.Random(seed)
-    lo, hi = max(1, round(mean * (1 - spread))), max(1, round(mean * (1 + spread)))
-    return [rng.randint(lo, hi) for _ in range(n)]
 
 
 def _burst(target, drafter, policy, prompts: list[list[int]], concurrency: int, max_new_tokens: int | list[int],
@@ -278,9 +265,7 @@ def run_policies(args) -> int:
     cells = [(w, B) for w in ids for B in levels]
     # per cell: a burst of max(prompts, B) + B requests at concurrency B, their budgets spread around M
     queue = {(w, B): [ids[w][i % len(ids[w])] for i in range(max(n_prompts, B) + B)] for w, B in cells}
-    spread = getattr(args, "length_spread", 0.0)
-    if not 0 <= spread < 1:
-        raise SpeclabError(f"--length-spread must be in [0, 1), got {spread}")
+    spread = check_spread(getattr(args, "length_spread", 0.0))
     lengths = {(w, B): spread_lengths(M, len(q), spread, f"{args.seed}-{w}-{B}") for (w, B), q in queue.items()}
     longest = max(max(v) for v in lengths.values())
     drafter = make_drafter(draft_name, target, load=cached_model)
@@ -426,10 +411,8 @@ def policy_targets(rep: dict) -> dict:
 
 def _budget_text(rep: dict) -> str:
     """The requests' token budgets as the header states them. e.g. '32 new tokens (each 16..48)'."""
-    M, sp = rep["max_new_tokens"], rep.get("length_spread", 0.0)
-    if not sp:
-        return f"{M} new tokens"
-    return f"{M} new tokens (each {max(1, round(M * (1 - sp)))}..{max(1, round(M * (1 + sp)))})"
+    b = Budgets(rep["max_new_tokens"], rep.get("length_spread", 0.0))
+    return f"{b.mean} new tokens" + (f" (each {b.lo}..{b.hi})" if b.spread else "")
 
 
 def format_policies(rep: dict) -> str:

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import SpeclabError
+from ..load.shapes import Budgets
 from . import serve_judge as judge
 
 LEVELS = (1, 2, 4, 8, 16, 32)
@@ -81,6 +82,7 @@ class ExperimentSpec:
     min_requests: int = 8
     per_client: int = 1
     max_tokens: int = 32
+    length_spread: float = 0.5  # each request's max_tokens drawn from max_tokens x [1 - s, 1 + s] (load.shapes.Budgets)
     reps: int = 1  # repetitions of each cell (every server in turn; see median_cell)
     control: bool = False  # a second plain speclab server in the rotation: how far two identical servers read apart
     seed: int = 0
@@ -163,7 +165,8 @@ def measure(url: str, cfg: ServerConfig, workload: str, c: int, spec: Experiment
     extra = {"return_token_ids": True} if cfg.engine == "vllm" else {}
     ep = Endpoint(url, model=model, max_tokens=spec.max_tokens, temperature=0.0, timeout=spec.timeout, extra=extra)
     ls = LoadSpec(levels=concurrency_levels(str(c)), prompts=prompts, num_requests=spec.n_requests(c),
-                  seed=spec.seed + rep, warmup=warmup, quiet=True, tokenizer=tokenizer)
+                  seed=spec.seed + rep, warmup=warmup, quiet=True, tokenizer=tokenizer,
+                  length_spread=spec.length_spread)
     level = run(ep, ls)["levels"][0]
     row = level_rows({"levels": [level]})[0]
     completed = level["summary"]["completed"]
@@ -360,7 +363,8 @@ def run_experiment(spec: ExperimentSpec, log=print) -> dict:
     if not configs and not vconfigs:
         raise SpeclabError("nothing to run: neither speclab nor vLLM servers selected")
     log(f"serve experiment: target {spec.target}, draft {spec.draft} k={spec.k}, workloads {','.join(spec.workloads)}"
-        f", concurrency {','.join(map(str, levels))}, max_tokens {spec.max_tokens}, servers: "
+        f", concurrency {','.join(map(str, levels))}, max_tokens {Budgets(spec.max_tokens, spec.length_spread).label}"
+        ", servers: "
         + ", ".join(c.name for c in configs + splits + vconfigs))
     if configs:
         _run_speclab(configs, levels, spec, prompts, log, cells, started)
@@ -455,7 +459,7 @@ def add_arguments(b) -> None:
 
 def spec_from_args(args) -> ExperimentSpec:
     from ..defaults import default_target
-    from ..load.shapes import concurrency_levels
+    from ..load.shapes import check_spread, concurrency_levels
     from ..workloads import workload_names
 
     full = bool(args.full)
@@ -471,6 +475,7 @@ def spec_from_args(args) -> ExperimentSpec:
         workloads=workload_names(args.workload) if args.workload else list(WORKLOADS), levels=levels,
         split_levels=levels if full else None, split=not args.no_split,
         requests=args.requests, min_requests=16 if full else 8, per_client=2 if full else 1, max_tokens=max_tokens,
+        length_spread=check_spread(getattr(args, "length_spread", 0.5)),
         reps=max(1, args.reps or 1), control=args.control,
         seed=args.seed, threads=args.threads or 1, speclab=not args.no_speclab, vllm=not args.no_vllm,
         vllm_venv=args.vllm_venv, vllm_eager=args.vllm_eager,

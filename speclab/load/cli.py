@@ -30,7 +30,7 @@ def cmd_load(args) -> int:
     from .prompts import load_prompts
     from .report import format_result
     from .runner import LoadSpec, base_url, run
-    from .shapes import concurrency_levels, rate_levels
+    from .shapes import check_spread, concurrency_levels, rate_levels
     from .stats import parse_goodput
 
     if args.concurrency and args.rate:
@@ -49,7 +49,7 @@ def cmd_load(args) -> int:
     spec = LoadSpec(levels=levels, prompts=load_prompts(args.workload, args.prompts_file),
                     num_requests=args.num_requests, duration=args.duration, seed=args.seed,
                     slos=parse_goodput(args.goodput), warmup=args.warmup, tokenizer=args.tokenizer, quiet=args.quiet,
-                    loop=args.loop)
+                    loop=args.loop, length_spread=check_spread(args.length_spread))
     result = run(endpoint, spec)
     print(format_result(result))
     if args.json:
@@ -78,6 +78,10 @@ def add_commands(subparsers) -> None:
     p.add_argument("--prompts-file", default=None, metavar="PATH",
                    help="prompts from a JSONL file (speclab workload format or Spec-Bench/MT-Bench question.jsonl)")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--length-spread", type=float, default=0.0, metavar="S",
+                   help="each request's max_tokens drawn uniformly from max-tokens x [1 - S, 1 + S], the same for "
+                        "request i on every server with the same --seed (vllm bench serve's --random-range-ratio; "
+                        "default 0: every request max-tokens)")
     p.add_argument("--concurrency", default=None, help="closed-loop levels, comma list (default 1)")
     p.add_argument("--rate", default=None, help="open-loop levels in requests/s, comma list (instead of concurrency)")
     p.add_argument("--burstiness", type=float, default=1.0,

@@ -45,8 +45,9 @@ class Endpoint:
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def payload(self, prompt: str) -> dict:
-        body: dict = {"max_tokens": self.max_tokens, "temperature": self.temperature, "stream": True,
+    def payload(self, prompt: str, max_tokens: int | None = None) -> dict:
+        """The request body; ``max_tokens``: this request's own budget (default: the endpoint's)."""
+        body: dict = {"max_tokens": max_tokens or self.max_tokens, "temperature": self.temperature, "stream": True,
                       "stream_options": {"include_usage": True}}
         if self.model is not None:
             body["model"] = self.model
@@ -75,6 +76,7 @@ class RequestRecord:
     category: str = ""
     sent: float = 0.0
     send_wait: float | None = None
+    max_tokens: int | None = None  # this request's budget when it has its own (a length spread); else the endpoint's
     ok: bool = False
     error: str | None = None
     error_kind: str | None = None  # http_status, timeout, truncated, connection, stream_error, bad_data, no_output
@@ -212,7 +214,8 @@ async def _exchange(client: httpx.AsyncClient, endpoint: Endpoint, prompt: str, 
         if name in WRITTEN and not written:
             written.append(time.perf_counter())
 
-    async with client.stream("POST", endpoint.url, json=endpoint.payload(prompt), headers=endpoint.headers(),
+    body = endpoint.payload(prompt, rec.max_tokens)
+    async with client.stream("POST", endpoint.url, json=body, headers=endpoint.headers(),
                              extensions={"trace": trace}) as response:
         rec.status = response.status_code
         if response.status_code != 200:

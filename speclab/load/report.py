@@ -35,7 +35,8 @@ def format_result(result: dict) -> str:
     head = (f"{'load':<18}{'ok':>5}{'fail':>5}{'req/s':>8}{'tok/s':>8}{'TTFT p50':>10}{'p95':>8}"
             f"{'TPOT mean':>11}{'p95':>8}{'ITL mean':>10}{'E2E p95':>10}{'tok/burst':>11}{'pacing':>8}")
     path = "chat/completions" if result["endpoint"] == "chat" else "completions"
-    lines = [f"{result['url']}  model {result['model']}  /v1/{path}  max_tokens {result['max_tokens']}"
+    budget = result.get("max_tokens_label", result["max_tokens"])
+    lines = [f"{result['url']}  model {result['model']}  /v1/{path}  max_tokens {budget}"
              f"  T={result['temperature']:g}   (times in ms; ITL = gap between chunks, as vLLM)", head]
     for r in level_rows(result):
         lines.append(f"{r['load']:<18}{r['completed']:>5}{r['failed']:>5}{num(r['req_s'], '.2f'):>8}"

@@ -23,7 +23,7 @@ from ..optional import require_package
 from . import fingerprint, scrape, stats
 from .client import Endpoint, RequestRecord, send
 from .prompts import request_order
-from .shapes import LoadLevel, arrival_times, default_num_requests
+from .shapes import Budgets, LoadLevel, arrival_times, default_num_requests
 from .tokens import count_tokens, guess_tokenizer, load_tokenizer
 
 
@@ -53,9 +53,11 @@ class LoadSpec:
     quiet: bool = False
     deadline: float | None = None  # hard limit per level, seconds (default: duration + timeout with a duration)
     loop: str = "auto"  # the client's event loop: auto (uvloop when installed), uvloop or asyncio
+    length_spread: float = 0.0  # each request's max_tokens drawn from the endpoint's x [1 - s, 1 + s] (shapes.Budgets)
 
 
-async def _closed_loop(client, endpoint, level, order, n, duration, deadline, bar, start) -> list[RequestRecord]:
+async def _closed_loop(client, endpoint, level, order, n, duration, deadline, bar, start,
+                       budgets: Budgets | None = None) -> list[RequestRecord]:
     records: list[RequestRecord] = []
     next_index = 0
 
@@ -68,7 +70,7 @@ async def _closed_loop(client, endpoint, level, order, n, duration, deadline, ba
             i = next_index
             next_index += 1
             p = order[i % len(order)]
-            rec = RequestRecord(i, p.id, p.category, sent=now)
+            rec = RequestRecord(i, p.id, p.category, sent=now, max_tokens=budgets[i] if budgets else None)
             records.append(rec)
             await send(client, endpoint, p.prompt, rec)
             bar.update(1)
@@ -79,7 +81,7 @@ async def _closed_loop(client, endpoint, level, order, n, duration, deadline, ba
 
 
 async def _open_loop(client, endpoint, level, order, n, duration, seed, deadline, bar,
-                     start) -> list[RequestRecord]:
+                     start, budgets: Budgets | None = None) -> list[RequestRecord]:
     times = arrival_times(level.value, level.burstiness, seed if seed is not None else 0, num_requests=n,
                           duration=duration)
     records: list[RequestRecord] = []
@@ -94,7 +96,8 @@ async def _open_loop(client, endpoint, level, order, n, duration, seed, deadline
         if delay > 0:
             await asyncio.sleep(delay)
         p = order[i % len(order)]
-        rec = RequestRecord(i, p.id, p.category, sent=time.perf_counter() - start)
+        rec = RequestRecord(i, p.id, p.category, sent=time.perf_counter() - start,
+                            max_tokens=budgets[i] if budgets else None)
         records.append(rec)
         tasks.append(asyncio.create_task(one(rec, p.prompt)))
     remaining = None if deadline is None else max(0.0, deadline - (time.perf_counter() - start))
@@ -173,6 +176,9 @@ async def run_async(endpoint: Endpoint, spec: LoadSpec) -> dict:
             if deadline is None and spec.duration is not None:
                 deadline = spec.duration + endpoint.timeout
             before, why = await scrape.fetch(client, endpoint.base_url, endpoint.headers())
+            # request i of a level asks for the same budget from every server measured with the same seed
+            budgets = (Budgets(endpoint.max_tokens, spec.length_spread, f"{spec.seed}-{level.label}")
+                       if spec.length_spread else None)
             total = n if n is not None else None
             lag: list[float] = []
             stalls: list[tuple[float, float]] = []
@@ -181,10 +187,10 @@ async def run_async(endpoint: Endpoint, spec: LoadSpec) -> dict:
                 monitor = asyncio.create_task(_loop_lag(lag, stalls, t0))
                 if level.kind == "concurrency":
                     records = await _closed_loop(client, endpoint, level, order, n if n is not None else math.inf,
-                                                 spec.duration, deadline, bar, t0)
+                                                 spec.duration, deadline, bar, t0, budgets)
                 else:
                     records = await _open_loop(client, endpoint, level, order, n, spec.duration, spec.seed,
-                                               deadline, bar, t0)
+                                               deadline, bar, t0, budgets)
                 wall = time.perf_counter() - t0
             monitor.cancel()
             after, why_after = await scrape.fetch(client, endpoint.base_url, endpoint.headers())
@@ -207,7 +213,9 @@ async def run_async(endpoint: Endpoint, spec: LoadSpec) -> dict:
     v = fingerprint.verdict([(lv["level"]["label"], lv["level"]["value"], lv["fingerprint"]) for lv in levels_out])
     return {
         "url": endpoint.base_url, "endpoint": endpoint.kind, "model": endpoint.model,
-        "max_tokens": endpoint.max_tokens, "temperature": endpoint.temperature, "timeout_s": endpoint.timeout,
+        "max_tokens": endpoint.max_tokens, "length_spread": spec.length_spread,
+        "max_tokens_label": Budgets(endpoint.max_tokens, spec.length_spread).label,
+        "temperature": endpoint.temperature, "timeout_s": endpoint.timeout,
         "tokenizer": getattr(tokenizer, "name_or_path", None), "seed": spec.seed,
         "num_requests": spec.num_requests, "duration_s": spec.duration, "notes": notes,
         "levels": levels_out, "verdict": v,

@@ -5,6 +5,9 @@ Rate arrivals follow ``vllm bench serve``: inter-arrival times are gamma distrib
 they even out, infinity is a fixed interval). When the run is bounded by a request count the arrival
 times are rescaled so the last one lands at n / rate, as vLLM does, so that throughput does not depend
 on the seed's luck; when it is bounded by a duration only, arrivals stop at the duration.
+
+Output lengths: each request may ask for its own ``max_tokens``, drawn uniformly around a mean
+(:class:`Budgets`, ``--length-spread``), as ``vllm bench serve --random-range-ratio`` draws its output lengths.
 """
 
 from __future__ import annotations
@@ -86,3 +89,50 @@ def default_num_requests(level: LoadLevel) -> int:
     if level.kind == "concurrency":
         return max(16, 4 * int(level.value))
     return 16
+
+
+def check_spread(spread: float) -> float:
+    """A length spread in [0, 1) (e.g. 0.5: budgets from half to one and a half times the mean)."""
+    if not (isinstance(spread, (int, float)) and 0 <= spread < 1):
+        raise SpeclabError(f"--length-spread must be in [0, 1), got {spread}")
+    return float(spread)
+
+
+class Budgets:
+    """Request i's token budget, drawn uniformly from [mean (1 - spread), mean (1 + spread)] (rounded, at least 1)
+    by a generator seeded with ``seed``, in request order and on demand (a duration-bounded run has no request
+    count): the same seed gives the same budget to request i on every server and configuration. Spread 0: ``mean``
+    for every request.
+
+    Served requests end at different lengths. With every request the same length, plain decoding's rows finish in
+    the same round and the rows that replace them are prefilled in one forward, while a server that drafts has rows
+    that finish rounds apart and are replaced one forward each: a measurement artifact, not a property of either.
+    e.g. mean 32, spread 0.5: budgets in 16..48, mean about 32."""
+
+    def __init__(self, mean: int, spread: float = 0.0, seed=0):
+        self.mean, self.spread = int(mean), check_spread(spread)
+        self.lo = max(1, round(self.mean * (1 - self.spread)))
+        self.hi = max(1, round(self.mean * (1 + self.spread)))
+        self._rng = random.Random(seed)
+        self._drawn: list[int] = []
+
+    def __getitem__(self, i: int) -> int:
+        if not self.spread:
+            return self.mean
+        while len(self._drawn) <= i:
+            self._drawn.append(self._rng.randint(self.lo, self.hi))
+        return self._drawn[i]
+
+    def first(self, n: int) -> list[int]:
+        """The first ``n`` budgets."""
+        return [self[i] for i in range(n)]
+
+    @property
+    def label(self) -> str:
+        """e.g. '32' or '32 (each 16..48)'."""
+        return str(self.mean) if not self.spread else f"{self.mean} (each {self.lo}..{self.hi})"
+
+
+def spread_lengths(mean: int, n: int, spread: float, seed) -> list[int]:
+    """``n`` token budgets drawn around ``mean`` (:class:`Budgets`). e.g. mean 32, spread 0: [32] * n."""
+    return Budgets(mean, spread, seed).first(n)
