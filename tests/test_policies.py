@@ -863,6 +863,34 @@ def test_seed_costs_calibrates_for_adaptive_policies_only(target_lm):
     assert seed_costs(make_policy("off"), OnlineCosts(), target_lm, target_lm, rows=2) is None
 
 
+def test_start_up_calibration_times_by_the_threads_cpu_time_on_one_cpu_thread(target_lm):
+    """Another process taking the core cannot stretch a forward's own CPU time: seed_costs times by it on a CPU with
+    one torch thread, and by the wall clock on a GPU or with more threads (their work is not the calling thread's)."""
+    import time
+
+    import torch
+
+    from speclab.engine.costs import calibration_clock
+    from speclab.engine.policies import seed_costs
+
+    assert calibration_clock(torch.device("cpu"), 1) is time.thread_time
+    assert calibration_clock(torch.device("cpu"), 2) is time.perf_counter
+    assert calibration_clock(torch.device("cuda"), 1) is time.perf_counter
+
+    class Seen(OnlineCosts):
+        def calibrate(self, *a, **kw):
+            self.clock = kw.get("clock")
+            return super().calibrate(*a, **kw)
+
+    c, threads = Seen(), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert seed_costs(Goodput(2), c, target_lm, target_lm, rows=1, context=16) > 0
+    finally:
+        torch.set_num_threads(threads)
+    assert c.clock is time.thread_time and c.coverage(1)
+
+
 def test_calibration_is_a_prior_rescaled_by_online_numbers(target_lm):
     c = OnlineCosts()
     spent = c.calibrate(target_lm, target_lm, rows=(1, 2), tokens=(1, 2, 3), context=16, reps=1)

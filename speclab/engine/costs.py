@@ -55,6 +55,20 @@ _CALIBRATIONS: dict[tuple, tuple[dict, dict, float]] = {}  # (models, grid) -> (
 # with three other servers calibrating on this 2-core machine, medians of 3 read one row's k = 2 round as 6.3 ms and
 # k = 3 as 3.0 ms (1.6 and 2.3 ms alone), and a served goodput that believed them never drafted on JSON.
 ROBUST_STAT, ROBUST_REPS = "min", 5
+
+
+def calibration_clock(device, threads: int):
+    """What start-up calibration times forwards with: on a CPU with one torch thread, the thread's own CPU time
+    (``time.thread_time``), which another process taking the core cannot stretch; else the wall clock (a GPU's work
+    and other torch threads' do not show in the calling thread's CPU time).
+
+    The fastest of 5 wall-clock runs was not enough on this 2-core machine with four servers calibrating at once:
+    in 7 of 8 processes some widths of one row's verify read 7-8 ms (2.2-2.3 ms alone) while others read 2.3-3.3 ms,
+    so drafting k = 3-4 looked 2.5x dearer against a plain step than it is. By thread CPU time, every width read
+    1.6-1.8x its time alone: the machine was slower for all of them alike. A uniform factor is what the online
+    samples correct (each load level's shapes are rescaled by the online / calibrated ratio of their kind, or of the
+    other kind until theirs is measured: ``_scale_of``), so the ratios a policy weighs stay right."""
+    return time.thread_time if device.type == "cpu" and threads == 1 else time.perf_counter
 PLAIN_SAMPLES = 3  # plain steps timed online at a load level before a policy trusts its plain estimate there
 
 
