@@ -55,6 +55,7 @@ _CALIBRATIONS: dict[tuple, tuple[dict, dict, float]] = {}  # (models, grid) -> (
 # with three other servers calibrating on this 2-core machine, medians of 3 read one row's k = 2 round as 6.3 ms and
 # k = 3 as 3.0 ms (1.6 and 2.3 ms alone), and a served goodput that believed them never drafted on JSON.
 ROBUST_STAT, ROBUST_REPS = "min", 5
+PLAIN_SAMPLES = 3  # plain steps timed online at a load level before a policy trusts its plain estimate there
 
 
 def calibration_clock(device, threads: int):
@@ -69,7 +70,6 @@ def calibration_clock(device, threads: int):
     samples correct (each load level's shapes are rescaled by the online / calibrated ratio of their kind, or of the
     other kind until theirs is measured: ``_scale_of``), so the ratios a policy weighs stay right."""
     return time.thread_time if device.type == "cpu" and threads == 1 else time.perf_counter
-PLAIN_SAMPLES = 3  # plain steps timed online at a load level before a policy trusts its plain estimate there
 
 
 def row_bucket(n: int) -> int:
