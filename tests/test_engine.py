@@ -416,6 +416,33 @@ def test_a_row_taken_in_late_near_its_end_next_to_a_lagging_row(tiny, target_lm)
     assert [r.generated for r in reqs] == [r.generated for r in plain]
 
 
+def test_rows_never_taken_into_the_draft_move_slots_when_others_leave(tiny, target_lm):
+    """Rows beyond the draft's first capacity that never drafted (speculation off above 2 rows) move into the slots of
+    rows that finish: the draft holds nothing of them, so nothing of theirs moves there (served at 32 streams, a
+    batch-table server failed 30 of 32 requests with an IndexError from the move). When the load falls and
+    drafting comes back on, the moved rows are taken in where they now live. Output equals plain greedy."""
+    from speclab.engine import Scheduler
+    from speclab.engine.policies import make_policy
+    from speclab.engine.request import Request
+    from speclab.engine.sampling import SamplingParams
+
+    texts = ["hello world", "the cat sat on the mat", "abc abc abc", "one two three", "a b c d e f", "x y z"]
+
+    def run(drafter, policy):
+        sched = Scheduler(target_lm, drafter, policy, max_running=6, capacity=2, max_len=64)
+        reqs = [Request(target_lm.encode(t), 4 + 3 * i, SamplingParams(), seed=0, ignore_eos=True,
+                        request_id=f"r{i}") for i, t in enumerate(texts * 2)]  # budgets 4..37: rows leave apart
+        for r in reqs:
+            sched.submit(r)
+        sched.run_until_idle()
+        return reqs
+
+    reqs = run(make_drafter(tiny["draft_close"], target_lm), make_policy("batch-table:1-2=3,3-=0", 3))
+    assert all(r.finish_reason == "length" for r in reqs)
+    assert sum(r.drafted for r in reqs) > 0  # the last rows, 2 at most, drafted
+    assert [r.generated for r in reqs] == [r.generated for r in run(None, None)]
+
+
 @pytest.fixture(scope="module")
 def target_both_layouts(tiny):
     """The tiny target as a model too big for the cache is kept: each matmul weight in both layouts."""

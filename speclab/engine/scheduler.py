@@ -265,8 +265,8 @@ class Scheduler:
         for src, dst in zip(movers, holes):
             L = len(self.rows[src].context)
             self.cache.move_row(src, dst, L)
-            if self.drafter is not None:
-                self.drafter.move_row(src, dst)
+            if self.drafter is not None and not self.rows[src].draft_pending:  # a row never taken in: nothing to move
+                self.drafter.move_row(src, dst)  # (it is taken in where it now lives before it first drafts)
             self.buf[dst, :L] = self.buf[src, :L]
             self.lengths[dst] = self.lengths[src]
             self.rows[dst] = self.rows[src]
