@@ -136,7 +136,8 @@ def test_median_cell_keeps_the_median_repetition():
 
     reps = [{"tok_s": 300.0, "call": "a"}, {"tok_s": None, "call": "failed"}, {"tok_s": 280.0, "call": "b"}]
     assert median_cell(reps) == {"tok_s": 280.0, "call": "b", "tok_s_reps": [300.0, None, 280.0],
-                                 "tok_s_median_rep": 280.0}  # no summaries to pool: the median repetition's
+                                 "tok_s_median_rep": 280.0, "failed_reps": [0, 0, 0],
+                                 "errors": {}}  # no summaries to pool: the median repetition's
     assert median_cell(reps[:1])["call"] == "a" and median_cell([reps[0], reps[2]])["call"] == "b"
 
 
@@ -152,6 +153,30 @@ def test_median_cell_pools_throughput_over_repetitions():
     assert cell["tok_s"] == pytest.approx(640 / 8.0)  # every token over every second, not the mean of rates (76.7)
     assert cell["tok_s_reps"] == [100.0, 50.0, 80.0]
     assert pooled_tok_s([rep(300, 3.0, "a"), {"tok_s": None, "summary": {"output_tokens": None}}]) is None
+
+
+def test_requests_check_sees_a_failure_in_any_repetition():
+    """A cell keeps its median repetition, which may have no failed request while another repetition had many:
+    the requests check counts every repetition's, with the reasons."""
+    from speclab.analysis.serve_experiment import median_cell
+
+    why = "error in stream: the engine failed while running this request: IndexError: list index out of range"
+    reqs = [{"error": why}] * 2 + [{"error": None}] * 6
+    reps = [{"tok_s": 50.0, "failed": 2, "requests": reqs}, {"tok_s": 900.0, "failed": 0, "requests": []},
+            {"tok_s": 880.0, "failed": 0, "requests": []}]
+    cell = dict(median_cell(reps), server="s", workload="json", concurrency=32)
+    assert cell["tok_s_median_rep"] == 880.0 and cell["failed"] == 0  # the kept repetition failed nothing
+    row = J.requests_check(cell)
+    assert row == {"server": "s", "workload": "json", "concurrency": 32, "failed": 2, "errors": {why: 2},
+                   "ok": False}
+    assert J.requests_check({"server": "s", "workload": "json", "concurrency": 1, "failed": 0})["ok"]
+    assert J.request_errors([{"error": "a"}, {"error": "b"}, {"error": "a"}, {}], most=1) == {"a": 2}
+    from speclab.analysis.serve_report import check_lines
+
+    checks = {"requests": [row]}
+    lines = check_lines({"checks": {**checks, "throughput": [], "acceptance": []},
+                         "check_summary": J.summarize_checks(checks), "thresholds": {"throughput_target": 0.95}})
+    assert "requests    0/1 FAIL" in lines[1] and "json c=32: 2 failed: 2x error in stream" in lines[2]
 
 
 def test_throughput_check_pairs_repetitions():
@@ -283,6 +308,7 @@ def test_tiny_experiment_on_speclab_serve(tmp_path, capsys):
         assert cells[("speclab fixed k=4", c)]["inside"]["accepted_per_round"] > J.SPEC_ON
         assert cells[("speclab plain", c)]["inside"]["accepted_per_round"] == 0
     summ = res["check_summary"]
+    assert summ["requests"] == {"passed": 8, "total": 8, "ok": True}
     assert summ["pacing"] == {"passed": 8, "total": 8, "ok": True}
     assert summ["verdict"] == {"passed": 4, "total": 4, "ok": True}
     assert summ["acceptance"]["ok"] and summ["acceptance"]["total"] == 4  # the speculative cells, exact

@@ -265,13 +265,15 @@ def median_cell(measured: list[dict]) -> dict:
     latencies, pacing and counters, with ``tok_s`` the throughput over all of them (:func:`pooled_tok_s`: every
     output token over every repetition's duration, as one run interleaved with the other servers would read),
     ``tok_s_median_rep`` the kept one's and ``tok_s_reps`` each repetition's, in order (repetition r of every
-    server ran in the same turn, close in time)."""
+    server ran in the same turn, close in time); ``failed_reps`` each repetition's failed requests and ``errors``
+    their reasons (:func:`~.serve_judge.request_errors`), so that a failure in any repetition shows."""
     from .bench_serve import median_rep
 
     kept = median_rep(measured, tok_s=lambda m: m["tok_s"])
     pooled = pooled_tok_s(measured)
     return dict(kept, tok_s=kept["tok_s"] if pooled is None else pooled, tok_s_median_rep=kept["tok_s"],
-                tok_s_reps=[m["tok_s"] for m in measured])
+                tok_s_reps=[m["tok_s"] for m in measured], failed_reps=[m.get("failed", 0) for m in measured],
+                errors=judge.request_errors([r for m in measured for r in m.get("requests") or []]))
 
 
 def pooled_tok_s(measured: list[dict]) -> float | None:
@@ -419,8 +421,8 @@ def judge_result(cells: list[dict], spec: ExperimentSpec, vllm_acceptance: list 
     throughput, cross, control = compare_servers(cells)
     acceptance = [a for a in (judge.speclab_acceptance_check(c) for c in cells if c["role"] != "plain") if a]
     acceptance += vllm_acceptance or []
-    checks = {"pacing": [judge.pacing_check(c) for c in cells], "verdict": vchecks, "throughput": throughput,
-              "acceptance": acceptance}
+    checks = {"requests": [judge.requests_check(c) for c in cells], "pacing": [judge.pacing_check(c) for c in cells],
+              "verdict": vchecks, "throughput": throughput, "acceptance": acceptance}
     return {"settings": asdict(spec), "thresholds": {"spec_on": judge.SPEC_ON, "spec_off": judge.SPEC_OFF,
                                                      "throughput_target": judge.THROUGHPUT_TARGET},
             "cells": cells, "verdicts": verdicts, "checks": checks, "check_summary": judge.summarize_checks(checks),

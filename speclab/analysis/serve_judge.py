@@ -22,6 +22,8 @@ servers bursty at every level whatever they accepted; adaptive and n-gram server
 
 **The checks** (each a list of rows with ``ok``):
 
+* ``requests``: every request of every cell completed, in every repetition (a failed request is listed with
+  its reason: an engine that failed under some load shows here, not only as a low throughput);
 * ``pacing``: every cell's call is the expected one ("late" counts as smooth; "unknown" fails);
 * ``verdict``: per server and workload, the verdict over the levels (``speclab.load.fingerprint``) is
   the one the expected calls give: plain -> plain, fixed k -> speculative, adaptive -> whatever its
@@ -42,6 +44,7 @@ from __future__ import annotations
 import itertools
 import re
 import statistics
+from collections import Counter
 
 from ..load.fingerprint import verdict_of_calls
 
@@ -116,6 +119,20 @@ def expected_call(cell: dict) -> str | None:
     if cell["role"] in NOMINAL:
         return NOMINAL[cell["role"]]
     return expected_from_inside((cell.get("inside") or {}).get("accepted_per_round"))
+
+
+def request_errors(requests: list[dict], most: int = 3) -> dict[str, int]:
+    """The reasons failed requests gave, with how many gave each (the ``most`` commonest)."""
+    counts = Counter(str(r["error"]) for r in requests if r.get("error"))
+    return dict(counts.most_common(most))
+
+
+def requests_check(cell: dict) -> dict:
+    """Every request of the cell completed, in every repetition (``failed_reps``; the kept one's ``failed`` in a
+    cell without repetitions)."""
+    failed = sum(cell.get("failed_reps") or [cell.get("failed") or 0])
+    return {"server": cell["server"], "workload": cell["workload"], "concurrency": cell["concurrency"],
+            "failed": failed, "errors": cell.get("errors") or {}, "ok": failed == 0}
 
 
 def pacing_check(cell: dict) -> dict:

@@ -116,7 +116,8 @@ def control_lines(control: list[dict], target: float) -> list[str]:
 
 def check_lines(result: dict) -> list[str]:
     checks, summ = result["checks"], result["check_summary"]
-    meaning = {"pacing": "every policy x load cell reads as the server behaved",
+    meaning = {"requests": "every request of every cell completed, in every repetition",
+               "pacing": "every policy x load cell reads as the server behaved",
                "verdict": "verdict per server and workload",
                "throughput": "adaptive >= 0.95x the better of plain and fixed k at every level",
                "acceptance": "scraped /metrics acceptance = the engine's own counters"}
@@ -125,7 +126,10 @@ def check_lines(result: dict) -> list[str]:
         lines.append(f"  {name:<11} {s['passed']}/{s['total']} {'PASS' if s['ok'] else 'FAIL'}  ({meaning[name]})")
         bad = [r for r in checks[name] if not r["ok"]]
         for r in bad[:12]:
-            if name == "pacing":
+            if name == "requests":
+                lines.append(f"      {r['server']} {r['workload']} c={r['concurrency']}: {r['failed']} failed: "
+                             + "; ".join(f"{n}x {why}" for why, n in r["errors"].items()))
+            elif name == "pacing":
                 lines.append(f"      {r['server']} {r['workload']} c={r['concurrency']}: {r['call']}, expected "
                              f"{r['expected']}")
             elif name == "throughput":
