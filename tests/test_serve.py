@@ -644,6 +644,33 @@ def test_data_parallel_cores_share_the_load_exactly(models):
         assert after.status_code == 500 and after.json()["error"]["message"]
 
 
+def test_rows_the_draft_never_took_in_leave_and_move_without_failing(models):
+    """A server whose policy is off above 2 rows, past the 8 rows its caches start with: rows 8-11 never draft, so
+    the draft model never takes them in, and rows finishing apart move them into freed slots. Every request
+    completes, equal to plain greedy decoding (served at 32 streams, such servers failed up to 30 of 32 requests)."""
+    from speclab.engine import make_policy
+    from speclab.serve.app import Server
+
+    bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 8 + 3 * i, "temperature": 0.0, "ignore_eos": True,
+               "return_token_ids": True} for i in range(12)]
+    server = Server(models["target"], models["draft"], make_policy("batch-table:1-2=4,3-=0", 4), served_name="late",
+                    engine_cores=1, max_num_seqs=12)
+    with InProcess(server) as srv:
+        url = srv.url + "/v1/completions"
+
+        async def run():
+            async with httpx.AsyncClient(timeout=120) as client:
+                return await asyncio.gather(*(post(client, url, b, {}) for b in bodies))
+
+        outs = asyncio.run(run())
+        assert [o["status"] for o in outs] == [200] * 12, [o.get("body") for o in outs]
+        for b, o in zip(bodies, outs):
+            text, ids, finish = reference(models, None, 0, b)
+            assert (o["token_ids"], o["text"], o["finish_reason"]) == (ids, text, finish)
+        assert sum(o["speculation"]["drafted_tokens"] for o in outs) > 0  # the last rows drafted
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+
+
 class SlowEncoding:
     """The target LM, except that encoding takes ``delay`` seconds: the HTTP side's work before the engine sees
     the request (parsing, tokenising) made long enough to measure."""
