@@ -136,8 +136,8 @@ def test_median_cell_keeps_the_median_repetition():
 
     reps = [{"tok_s": 300.0, "call": "a"}, {"tok_s": None, "call": "failed"}, {"tok_s": 280.0, "call": "b"}]
     assert median_cell(reps) == {"tok_s": 280.0, "call": "b", "tok_s_reps": [300.0, None, 280.0],
-                                 "tok_s_median_rep": 280.0, "failed_reps": [0, 0, 0],
-                                 "errors": {}}  # no summaries to pool: the median repetition's
+                                 "tok_s_median_rep": 280.0, "failed_reps": [0, 0, 0], "failures": {},
+                                 "failure_examples": []}  # no summaries to pool: the median repetition's
     assert median_cell(reps[:1])["call"] == "a" and median_cell([reps[0], reps[2]])["call"] == "b"
 
 
@@ -161,22 +161,24 @@ def test_requests_check_sees_a_failure_in_any_repetition():
     from speclab.analysis.serve_experiment import median_cell
 
     why = "error in stream: the engine failed while running this request: IndexError: list index out of range"
-    reqs = [{"error": why}] * 2 + [{"error": None}] * 6
-    reps = [{"tok_s": 50.0, "failed": 2, "requests": reqs}, {"tok_s": 900.0, "failed": 0, "requests": []},
-            {"tok_s": 880.0, "failed": 0, "requests": []}]
+    late = "timeout after 300 s (3 chunks received)"
+    reps = [  # each repetition's load summary as speclab.load.stats.summarize gives it
+        {"tok_s": 50.0, "failed": 2, "summary": {"failures": {"stream_error": 2}, "failure_examples": [why]}},
+        {"tok_s": 900.0, "failed": 1, "summary": {"failures": {"timeout": 1}, "failure_examples": [late]}},
+        {"tok_s": 880.0, "failed": 0, "summary": {"failures": {}, "failure_examples": []}}]
     cell = dict(median_cell(reps), server="s", workload="json", concurrency=32)
     assert cell["tok_s_median_rep"] == 880.0 and cell["failed"] == 0  # the kept repetition failed nothing
     row = J.requests_check(cell)
-    assert row == {"server": "s", "workload": "json", "concurrency": 32, "failed": 2, "errors": {why: 2},
-                   "ok": False}
+    assert row == {"server": "s", "workload": "json", "concurrency": 32, "failed": 3,
+                   "failures": {"stream_error": 2, "timeout": 1}, "failure_examples": [why, late], "ok": False}
     assert J.requests_check({"server": "s", "workload": "json", "concurrency": 1, "failed": 0})["ok"]
-    assert J.request_errors([{"error": "a"}, {"error": "b"}, {"error": "a"}, {}], most=1) == {"a": 2}
     from speclab.analysis.serve_report import check_lines
 
     checks = {"requests": [row]}
     lines = check_lines({"checks": {**checks, "throughput": [], "acceptance": []},
                          "check_summary": J.summarize_checks(checks), "thresholds": {"throughput_target": 0.95}})
-    assert "requests    0/1 FAIL" in lines[1] and "json c=32: 2 failed: 2x error in stream" in lines[2]
+    assert "requests    0/1 FAIL" in lines[1]
+    assert "json c=32: 3 failed (stream_error 2, timeout 1); e.g. error in stream: the engine failed" in lines[2]
 
 
 def test_throughput_check_pairs_repetitions():

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -265,15 +266,18 @@ def median_cell(measured: list[dict]) -> dict:
     latencies, pacing and counters, with ``tok_s`` the throughput over all of them (:func:`pooled_tok_s`: every
     output token over every repetition's duration, as one run interleaved with the other servers would read),
     ``tok_s_median_rep`` the kept one's and ``tok_s_reps`` each repetition's, in order (repetition r of every
-    server ran in the same turn, close in time); ``failed_reps`` each repetition's failed requests and ``errors``
-    their reasons (:func:`~.serve_judge.request_errors`), so that a failure in any repetition shows."""
+    server ran in the same turn, close in time); ``failed_reps`` each repetition's failed requests, with
+    ``failures`` (by kind) and ``failure_examples`` over all of them, from each repetition's load summary
+    (:func:`speclab.load.stats.summarize`), so that a failure in any repetition shows."""
     from .bench_serve import median_rep
 
     kept = median_rep(measured, tok_s=lambda m: m["tok_s"])
     pooled = pooled_tok_s(measured)
+    sums = [m.get("summary") or {} for m in measured]
     return dict(kept, tok_s=kept["tok_s"] if pooled is None else pooled, tok_s_median_rep=kept["tok_s"],
                 tok_s_reps=[m["tok_s"] for m in measured], failed_reps=[m.get("failed", 0) for m in measured],
-                errors=judge.request_errors([r for m in measured for r in m.get("requests") or []]))
+                failures=dict(sum((Counter(s.get("failures") or {}) for s in sums), Counter())),
+                failure_examples=list(dict.fromkeys(e for s in sums for e in s.get("failure_examples") or []))[:5])
 
 
 def pooled_tok_s(measured: list[dict]) -> float | None:

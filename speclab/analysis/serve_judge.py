@@ -44,7 +44,6 @@ from __future__ import annotations
 import itertools
 import re
 import statistics
-from collections import Counter
 
 from ..load.fingerprint import verdict_of_calls
 
@@ -121,18 +120,14 @@ def expected_call(cell: dict) -> str | None:
     return expected_from_inside((cell.get("inside") or {}).get("accepted_per_round"))
 
 
-def request_errors(requests: list[dict], most: int = 3) -> dict[str, int]:
-    """The reasons failed requests gave, with how many gave each (the ``most`` commonest)."""
-    counts = Counter(str(r["error"]) for r in requests if r.get("error"))
-    return dict(counts.most_common(most))
-
-
 def requests_check(cell: dict) -> dict:
     """Every request of the cell completed, in every repetition (``failed_reps``; the kept one's ``failed`` in a
-    cell without repetitions)."""
+    cell without repetitions), with the failures by kind and examples of their reasons as the load summaries give
+    them (:func:`~.serve_experiment.median_cell`)."""
     failed = sum(cell.get("failed_reps") or [cell.get("failed") or 0])
     return {"server": cell["server"], "workload": cell["workload"], "concurrency": cell["concurrency"],
-            "failed": failed, "errors": cell.get("errors") or {}, "ok": failed == 0}
+            "failed": failed, "failures": cell.get("failures") or {},
+            "failure_examples": cell.get("failure_examples") or [], "ok": failed == 0}
 
 
 def pacing_check(cell: dict) -> dict:

@@ -127,8 +127,9 @@ def check_lines(result: dict) -> list[str]:
         bad = [r for r in checks[name] if not r["ok"]]
         for r in bad[:12]:
             if name == "requests":
-                lines.append(f"      {r['server']} {r['workload']} c={r['concurrency']}: {r['failed']} failed: "
-                             + "; ".join(f"{n}x {why}" for why, n in r["errors"].items()))
+                kinds = ", ".join(f"{k} {v}" for k, v in r["failures"].items())
+                lines.append(f"      {r['server']} {r['workload']} c={r['concurrency']}: {r['failed']} failed ({kinds})"
+                             + (f"; e.g. {r['failure_examples'][0]}" if r["failure_examples"] else ""))
             elif name == "pacing":
                 lines.append(f"      {r['server']} {r['workload']} c={r['concurrency']}: {r['call']}, expected "
                              f"{r['expected']}")

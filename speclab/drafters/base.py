@@ -96,7 +96,9 @@ class Drafter(Protocol):
         target's hidden states of the committed tokens); a round in which nothing was proposed skips the others."""
 
     def move_row(self, src: int, dst: int) -> None:
-        """Row ``src`` now lives in slot ``dst`` (a finished row's slot is reused)."""
+        """Row ``src`` now lives in slot ``dst`` (a finished row's slot is reused). Called only for rows this drafter
+        has taken in (:meth:`admit`): a row a drafter that ``admits_late`` has not taken in yet is taken in at
+        ``dst`` before it first drafts."""
 
     def release(self, n: int) -> None:
         """Only rows 0..n-1 are running now."""
