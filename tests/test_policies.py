@@ -226,6 +226,26 @@ def test_tracker_fit_prefers_forgetting_only_where_acceptance_moves():
     assert replay_log_loss(flips, 1, **forget)[0] < replay_log_loss(flips, 1, **keep)[0]
 
 
+def test_tracker_fit_prefers_a_slow_population_only_where_the_population_holds_still():
+    """Statistical, for the population's decay: short requests (three k = 1 rounds each, so their predictions lean on
+    the population) whose acceptance is the same all run long are predicted better by a population that forgets
+    slowly; when every request's acceptance switches halfway through the run, by one that forgets fast."""
+    import random
+
+    from speclab.analysis.tracker_fit import replay_log_loss
+
+    rng = random.Random(1)
+
+    def requests(rates):  # one acceptance rate per request, three k = 1 rounds each
+        return [[(1, int(rng.random() < p)) for _ in range(3)] for p in rates]
+
+    steady = requests([0.7] * 400)
+    shift = requests([0.9] * 200 + [0.2] * 200)
+    slow, fast = dict(population_decay=0.995), dict(population_decay=0.8)
+    assert replay_log_loss(steady, 1, **slow)[0] < replay_log_loss(steady, 1, **fast)[0]
+    assert replay_log_loss(shift, 1, **fast)[0] < replay_log_loss(shift, 1, **slow)[0]
+
+
 def test_monotone_round_times():
     from speclab.engine.policies import monotone
 
@@ -1389,6 +1409,9 @@ def test_bench_tracker_fit_smoke(tmp_path, capsys):
     assert all(r[defaults] == pytest.approx(1.0) and r[own] == pytest.approx(1.0)
                for r in rep["relative_log_loss"].values())
     assert {"prior=chain", "prior=population", "prior=logit"} <= set(rep["mean"])
+    pop = f"pop={rep['defaults']['population_decay']}"
+    assert all(r[pop] == pytest.approx(1.0) for r in rep["relative_log_loss"].values())
+    assert {"pop=0.9", "pop=0.99"} <= set(rep["mean"])
     assert len(rep["histories"]["json:1"]) == 4 and "best: " in capsys.readouterr().out
 
 

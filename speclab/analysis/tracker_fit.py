@@ -18,6 +18,7 @@ from ..engine.policies import POSITION_PRIORS, AcceptanceTracker, PolicyView, Ro
 
 GRID_DECAY = (0.8, 0.9, 0.95, 0.98)
 GRID_WEIGHT = (1.0, 2.0, 4.0, 8.0, 16.0)
+GRID_POP_DECAY = (0.9, 0.95, 0.98, 0.99, 0.995)
 CONCURRENCY = 4  # requests side by side, when recording and when replaying
 
 
@@ -54,15 +55,17 @@ def replay_log_loss(histories: list[list[tuple[int, int]]], k_max: int, concurre
 
 
 def fit_table(histories: dict[str, list], k_max: int, concurrency: int = CONCURRENCY, decays=GRID_DECAY,
-              weights=GRID_WEIGHT, priors=POSITION_PRIORS) -> dict:
-    """Log-loss of every (decay, prior_weight) (with the default position prior) and of every position prior (with
-    the default decay and weight, columns 'prior=KIND') on every key of ``histories`` ('workload:k' -> requests'
-    histories), relative to the tracker's defaults; the setting with the lowest mean relative loss."""
+              weights=GRID_WEIGHT, priors=POSITION_PRIORS, pop_decays=GRID_POP_DECAY) -> dict:
+    """Log-loss of every (decay, prior_weight) (with the default position prior and population decay), of every
+    position prior (with the default decay and weight, columns 'prior=KIND') and of every population decay (columns
+    'pop=D') on every key of ``histories`` ('workload:k' -> requests' histories), relative to the tracker's defaults;
+    the setting with the lowest mean relative loss."""
     defaults = AcceptanceTracker(k_max)
-    base_params = dict(decay=defaults.decay, prior_weight=defaults.w, position_prior=defaults.position_prior)
-    settings = {f"{d}/{w}": dict(decay=d, prior_weight=w) for d in decays for w in weights}
-    settings.update({f"prior={p}": dict(decay=defaults.decay, prior_weight=defaults.w, position_prior=p)
-                     for p in priors})
+    base_params = dict(decay=defaults.decay, prior_weight=defaults.w, position_prior=defaults.position_prior,
+                       population_decay=defaults.pop_decay)
+    settings = {f"{d}/{w}": dict(base_params, decay=d, prior_weight=w) for d in decays for w in weights}
+    settings.update({f"prior={p}": dict(base_params, position_prior=p) for p in priors})
+    settings.update({f"pop={p}": dict(base_params, population_decay=p) for p in pop_decays})
     rows = {}
     for key, hs in histories.items():
         base = replay_log_loss(hs, k_max, concurrency, **base_params)[0]
@@ -111,7 +114,8 @@ def run_tracker_fit(args) -> int:
     d = table["defaults"]
     print(f"tracker fit: draft {drafter}, workloads {','.join(workloads)}, fixed k {ks}, {args.max_new_tokens} new "
           f"tokens, concurrency {CONCURRENCY}; log-loss relative to the defaults (decay {d['decay']}, "
-          f"prior_weight {d['prior_weight']}, position prior {d['position_prior']}); lower is better")
+          f"prior_weight {d['prior_weight']}, position prior {d['position_prior']}, population decay "
+          f"{d['population_decay']}); lower is better")
     print("decay/weight".ljust(16) + "".join(s.rjust(max(10, len(s) + 1)) for s in settings))
     for key, r in table["relative_log_loss"].items():
         print(key.ljust(16) + "".join(f"{r[s]:.3f}".rjust(max(10, len(s) + 1)) for s in settings))
