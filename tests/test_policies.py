@@ -467,10 +467,66 @@ def test_goodput_switches_on_only_past_the_margin_and_off_below_break_even():
     off = first(Goodput(4, probe_every=0))
     assert off.k == 0 and "to switch on" in off.reason
     assert first(Goodput(4, probe_every=0, switch_margin=0.0)).k > 0  # no band: on at once
-    p = Goodput(4, probe_every=0)
+    p = Goodput(4, probe_every=0, draft_hold=0)  # every round weighed (the hold: test_draft_hold_*)
     assert p.choose(view([hist(0.9, 1, 40)], costs))[0].k > 0  # clearly paying: on
     assert p.choose(view([hist(0.9, 1, 40) + h], costs))[0].k > 0  # then 1.03x: stays on
     assert p.choose(view([hist(0.9, 1, 40) + hist(0.05, 1, 60)], costs))[0].k == 0  # below break-even: off
+
+
+def _draft_run(policy, rounds, alpha=0.9, costs=None, ids=("r0",)):
+    """Feed ``policy`` a run at acceptance ``alpha`` (each round's choice appended to every row's history, its drafts
+    accepted as ``hist`` would): the ks chosen, the reasons, and how many rounds were weighed (``scores`` called)."""
+    costs = costs or table()
+    hs = {i: hist(alpha, 4, 30) for i in ids}
+    weighed = [0]
+    scores = policy.scores
+
+    def counted(v):
+        weighed[0] += 1
+        return scores(v)
+
+    policy.scores = counted
+    ks, why = [], []
+    for r in range(rounds):
+        c = policy.choose(PolicyView(tuple(RowView(i, tuple(hs[i]), remaining=1000) for i in ids), len(ids), 0,
+                                     costs))[0]
+        ks.append(c.k)
+        why.append(c.reason)
+        for i in ids:
+            a = 0
+            while a < c.k and _accept(alpha, 30 + r, a):
+                a += 1
+            hs[i].append((c.k, a))
+    return ks, why, weighed[0]
+
+
+def test_draft_hold_skips_the_weighing_while_drafting_clearly_pays():
+    """A drafting decision well clear of switching off is kept for the next ``draft_hold`` rounds while the same rows
+    run: the same ks as weighing every round at a steady high acceptance, one round in five weighed."""
+    ks0, _, w0 = _draft_run(Goodput(4, draft_hold=0), 20)
+    ks1, why1, w1 = _draft_run(Goodput(4, draft_hold=4), 20)
+    assert ks1 == ks0 and min(ks0) > 0
+    assert w0 == 20 and w1 == 4
+    assert why1[1].endswith("(held)") and not why1[5].endswith("(held)")
+
+
+def test_draft_hold_ends_when_the_rows_change_and_not_near_break_even():
+    p = Goodput(4)
+    costs = table()
+    h = tuple(hist(0.9, 4, 30))
+    one = PolicyView((RowView("a", h, remaining=1000),), 1, 0, costs)
+    assert p.choose(one)[0].k > 0 and p.drafting.left == 4
+    assert p.choose(one)[0].reason.endswith("(held)")
+    other = PolicyView((RowView("b", h, remaining=1000),), 1, 0, costs)  # a row left, another arrived
+    assert not p.choose(other)[0].reason.endswith("(held)")
+    # near break-even (on at 1.03x plain, inside the switch band) every round is weighed: nothing held
+    near = table(step_ms=1.0, verify_ms_per_token=0.3, draft_ms=0.1)
+    q = Goodput(4, probe_every=0)
+    assert q.choose(view([hist(0.9, 1, 40)], near))[0].k > 0
+    q.drafting.left = 0
+    h2 = hist(0.9, 1, 40) + hist(0.45, 1, 40)
+    c = q.choose(view([h2], near))[0]
+    assert c.k > 0 and q.drafting.left == 0 and not c.reason.endswith("(held)")
 
 
 def test_probe_cost_by_hand():

@@ -54,6 +54,7 @@ from .weighing import (
     NEVER,
     SWITCH_MARGIN,
     CostGate,
+    DraftHold,
     OffHold,
     PlainCheck,
     ProbeBudget,
@@ -73,8 +74,8 @@ from .weighing import (
 )
 
 __all__ = ["ADAPTIVE", "NEVER", "POLICIES", "POSITION_PRIORS", "SWITCH_MARGIN", "AcceptanceTracker", "BatchTable",
-           "Choice", "Confidence", "CostGate", "Ema", "Fixed", "GatedRule", "Goodput", "Heuristic", "Off", "OffHold",
-           "PlainCheck", "Policy", "PolicyView", "ProbeBudget", "RoundTimes", "RowView", "affine_in_k", "batch_tokens",
-           "catch_up_time", "costs_ready", "draft_prefill_share", "ema_tiers", "expected_tokens", "make_policy",
-           "monotone", "parse_table", "position_priors", "prefill_per_token", "probe_cost", "round_tokens",
-           "row_tokens", "seed_costs", "switch_on", "worth_probing"]
+           "Choice", "Confidence", "CostGate", "DraftHold", "Ema", "Fixed", "GatedRule", "Goodput", "Heuristic",
+           "Off", "OffHold", "PlainCheck", "Policy", "PolicyView", "ProbeBudget", "RoundTimes", "RowView",
+           "affine_in_k", "batch_tokens", "catch_up_time", "costs_ready", "draft_prefill_share", "ema_tiers",
+           "expected_tokens", "make_policy", "monotone", "parse_table", "position_priors", "prefill_per_token",
+           "probe_cost", "round_tokens", "row_tokens", "seed_costs", "switch_on", "worth_probing"]

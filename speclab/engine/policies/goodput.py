@@ -9,6 +9,7 @@ from .base import Choice, PolicyView
 from .tracker import AcceptanceTracker
 from .weighing import (
     SWITCH_MARGIN,
+    DraftHold,
     OffHold,
     PlainCheck,
     ProbeBudget,
@@ -45,13 +46,17 @@ class Goodput:
     (``probe_budget`` of the time spent at k = 0, halved after each probe that found nothing, at most
     ``probe_backoff`` times) allows and the probe is :func:`worth_probing` (so it notices
     acceptance coming back; never at a load where only an implausible acceptance would pay). Before drafting at a
-    load level with fewer than ``PLAIN_SAMPLES`` plain steps timed online, it times them (:class:`PlainCheck`)."""
+    load level with fewer than ``PLAIN_SAMPLES`` plain steps timed online, it times them (:class:`PlainCheck`).
+    Held decisions: a k = 0 decision is kept while nothing can change it (:class:`OffHold`), and a drafting decision
+    predicted at 1 + 2 x ``switch_margin`` or more over plain decoding for the next ``draft_hold`` rounds while the
+    same rows run (:class:`DraftHold`: weighing costs 43-146 us a round at 1-16 rows)."""
 
     k_max: int = 4
     probe_every: int = 8
     probe_budget: float = 0.05
     probe_backoff: int = 2
     switch_margin: float = SWITCH_MARGIN
+    draft_hold: int = 4
     name: str = field(default="goodput", init=False)
 
     def __post_init__(self):
@@ -60,6 +65,7 @@ class Goodput:
         self.times = RoundTimes(self.k_max)
         self.probes = ProbeBudget(self.probe_every, self.probe_budget, self.probe_backoff)
         self.hold = OffHold()
+        self.drafting = DraftHold(self.draft_hold)
         self.plain = PlainCheck()
         self.on = False  # did the last weighed round draft (switch_on's hysteresis)
         self._raw: list[float | None] = []  # the last scores' round times without the draft-prefill share
@@ -90,6 +96,8 @@ class Goodput:
         if K == 0:
             return [Choice(0, "goodput: K = 0")] * n
         held = self.hold.held(view, self.probes)
+        if held is None:
+            held = self.drafting.held(view)
         if held is not None:
             return held
         self.tracker.update(view)
@@ -130,7 +138,10 @@ class Goodput:
             if self.plain.due(view.costs, n):
                 return [Choice(0, f"goodput: timing plain steps at {n} rows before drafting k={best}")] * n
         out = [Choice(best, why)] * n
-        return self.hold.start(view, out, self._raw[0], self.probes.quiet) if best == 0 else out
+        if best == 0:
+            return self.hold.start(view, out, self._raw[0], self.probes.quiet)
+        # well clear of switching off (gain 1): hold the decision a few rounds rather than weigh each one
+        return self.drafting.start(view, out) if gain >= 1.0 + 2 * self.switch_margin else out
 
     def draft_stop(self):
         return None
