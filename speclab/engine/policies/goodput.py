@@ -48,8 +48,8 @@ class Goodput:
     acceptance coming back; never at a load where only an implausible acceptance would pay). Before drafting at a
     load level with fewer than ``PLAIN_SAMPLES`` plain steps timed online, it times them (:class:`PlainCheck`).
     Held decisions: a k = 0 decision is kept while nothing can change it (:class:`OffHold`), and a drafting decision
-    predicted at 1 + 2 x ``switch_margin`` or more over plain decoding for the next ``draft_hold`` rounds while the
-    same rows run (:class:`DraftHold`: weighing costs 43-146 us a round at 1-16 rows)."""
+    for the next ``draft_hold`` rounds while the same rows run (:class:`DraftHold`: weighing costs 43-146 us a round
+    at 1-16 rows)."""
 
     k_max: int = 4
     probe_every: int = 8
@@ -140,8 +140,7 @@ class Goodput:
         out = [Choice(best, why)] * n
         if best == 0:
             return self.hold.start(view, out, self._raw[0], self.probes.quiet)
-        # well clear of switching off (gain 1): hold the decision a few rounds rather than weigh each one
-        return self.drafting.start(view, out) if gain >= 1.0 + 2 * self.switch_margin else out
+        return self.drafting.start(view, out)  # held a few rounds rather than weighed each one
 
     def draft_stop(self):
         return None
