@@ -389,10 +389,11 @@ def test_goodput_probes_when_acceptance_closed_it():
     assert [q.choose(view([hist(0.05, 4, 30)], steep))[0].k for _ in range(6)] == [0] * 6
 
 
-def _off_run(policy, rounds, ids=("r0",)):
-    """Feed ``policy`` a run at acceptance 0.05 on a cheap table, each round's choice appended to every row's history
-    (a probe at k = 1 rejected): the ks chosen, the reasons, and how many rounds were weighed (``scores`` called)."""
-    costs, hs = table(), {i: hist(0.05, 4, 30) for i in ids}
+def _policy_run(policy, rounds, alpha, accepted, ids=("r0",)):
+    """Feed ``policy`` a run on a cheap table, every row starting from ``hist(alpha, 4, 30)`` and each round's choice
+    appended to every row's history with ``accepted(k, round)`` of its drafts accepted: the ks chosen, the reasons,
+    and how many rounds were weighed (``scores`` called)."""
+    costs, hs = table(), {i: hist(alpha, 4, 30) for i in ids}
     weighed = [0]
     scores = policy.scores
 
@@ -402,14 +403,19 @@ def _off_run(policy, rounds, ids=("r0",)):
 
     policy.scores = counted
     ks, why = [], []
-    for _ in range(rounds):
+    for r in range(rounds):
         c = policy.choose(PolicyView(tuple(RowView(i, tuple(hs[i]), remaining=1000) for i in ids), len(ids), 0,
                                      costs))[0]
         ks.append(c.k)
         why.append(c.reason)
         for i in ids:
-            hs[i].append((c.k, 0))
+            hs[i].append((c.k, accepted(c.k, r)))
     return ks, why, weighed[0]
+
+
+def _off_run(policy, rounds, ids=("r0",)):
+    """A run at acceptance 0.05 in which every draft (a probe at k = 1) is rejected (:func:`_policy_run`)."""
+    return _policy_run(policy, rounds, 0.05, lambda k, r: 0, ids)
 
 
 def test_off_hold_skips_the_weighing_and_keeps_the_decisions():
@@ -473,31 +479,15 @@ def test_goodput_switches_on_only_past_the_margin_and_off_below_break_even():
     assert p.choose(view([hist(0.9, 1, 40) + hist(0.05, 1, 60)], costs))[0].k == 0  # below break-even: off
 
 
-def _draft_run(policy, rounds, alpha=0.9, costs=None, ids=("r0",)):
-    """Feed ``policy`` a run at acceptance ``alpha`` (each round's choice appended to every row's history, its drafts
-    accepted as ``hist`` would): the ks chosen, the reasons, and how many rounds were weighed (``scores`` called)."""
-    costs = costs or table()
-    hs = {i: hist(alpha, 4, 30) for i in ids}
-    weighed = [0]
-    scores = policy.scores
+def _draft_run(policy, rounds, alpha=0.9, ids=("r0",)):
+    """A run at acceptance ``alpha``, its drafts accepted as ``hist`` would accept them (:func:`_policy_run`)."""
+    def accepted(k, r):
+        a = 0
+        while a < k and _accept(alpha, 30 + r, a):
+            a += 1
+        return a
 
-    def counted(v):
-        weighed[0] += 1
-        return scores(v)
-
-    policy.scores = counted
-    ks, why = [], []
-    for r in range(rounds):
-        c = policy.choose(PolicyView(tuple(RowView(i, tuple(hs[i]), remaining=1000) for i in ids), len(ids), 0,
-                                     costs))[0]
-        ks.append(c.k)
-        why.append(c.reason)
-        for i in ids:
-            a = 0
-            while a < c.k and _accept(alpha, 30 + r, a):
-                a += 1
-            hs[i].append((c.k, a))
-    return ks, why, weighed[0]
+    return _policy_run(policy, rounds, alpha, accepted, ids)
 
 
 def test_draft_hold_skips_the_weighing_while_drafting_clearly_pays():

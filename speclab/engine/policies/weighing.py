@@ -285,6 +285,13 @@ def switch_on(gain: float, on: bool, margin: float = SWITCH_MARGIN) -> bool:
     return gain > 1.0 if on else gain >= 1.0 + margin
 
 
+def same_rows(view: PolicyView, ids: tuple) -> bool:
+    """The view's rows are the requests ``ids``, in that order (a held decision stands only for the rows it was
+    weighed for)."""
+    rows = view.rows
+    return len(rows) == len(ids) and all(r.request_id == i for r, i in zip(rows, ids))
+
+
 class OffHold:
     """Keeps a k = 0 decision for the next few rounds instead of weighing every row again each round: while the
     same rows run (same request ids, in the same order), for at most ``rounds`` rounds and never past a round in
@@ -308,8 +315,7 @@ class OffHold:
         """The held choices for this round (counted as a round at k = 0), or None: weigh it."""
         if self.left <= 0:
             return None
-        rows, ids = view.rows, self.ids
-        if len(rows) != len(ids) or any(r.request_id != i for r, i in zip(rows, ids)):
+        if not same_rows(view, self.ids):
             self.left = 0
             return None
         self.left -= 1
@@ -350,8 +356,7 @@ class DraftHold:
         """The held choices for this round, or None: weigh it."""
         if self.left <= 0:
             return None
-        rows, ids = view.rows, self.ids
-        if len(rows) != len(ids) or any(r.request_id != i for r, i in zip(rows, ids)):
+        if not same_rows(view, self.ids):
             self.left = 0
             return None
         self.left -= 1
