@@ -261,6 +261,59 @@ def test_affine_round_times_in_k():
     assert affine_in_k([5, 8]) == [5, 8] and affine_in_k([1, 2, 3, 4]) == pytest.approx([1, 2, 3, 4])
 
 
+def test_affine_round_times_weighted():
+    from speclab.engine.policies import affine_in_k
+
+    assert affine_in_k([5, 8, 9, 13, 12], [1, 1, 1, 1]) == pytest.approx(affine_in_k([5, 8, 9, 13, 12]))
+    # weight 0: left out of the line and kept as it is; the line through k = 1, 2 passes through both
+    assert affine_in_k([0, 26.5, 38.5, 45, 50], [1, 1, 0, 0]) == pytest.approx([0, 26.5, 38.5, 45, 50])
+    # a small weight pulls the line a little towards them: k = 1 at 27.6 (the unweighted line: 28.45)
+    low = affine_in_k([0, 26.5, 38.5, 45, 50], [1, 1, 0.1, 0.1])
+    assert low[1] == pytest.approx(27.616, abs=1e-3) and affine_in_k([0, 26.5, 38.5, 45, 50])[1] == pytest.approx(28.45)
+    assert affine_in_k([1, 5, 3, 4], [1, 0, 0]) == [1, 5, 3, 4]  # fewer than two lengths to fit: as it is
+    # one length timed, three calibrated at 0.1: the line keeps close to the timed one (the unweighted line: 27.71)
+    assert affine_in_k([0, 26.7, 39.6, 50, 59.1], [1, 0.1, 0.1, 0.1])[1] == pytest.approx(26.838, abs=1e-3)
+
+
+def test_goodput_prices_a_draft_length_from_the_widths_timed_online():
+    """64 rows, as measured on JSON (session 38): verifies of 2 and 3 tokens timed online at 22 and 31 ms (1.5x their
+    calibration), 4 and 5 tokens only calibrated, rescaled by that 1.5 to more than rounds of k = 3 and 4 cost in a
+    line with the others (the verify grows ever less per token there). The line through every draft length's round
+    priced k = 1 at 28.45 ms against 26.5 from its parts, and goodput stayed off at a predicted 1.04x where drafting
+    pays 1.12x; with the calibrated lengths weighing little in the line it drafts k = 1. The kept weight and no
+    weight at all both switch on."""
+    from speclab.engine.policies import RoundTimes, affine_in_k
+
+    c = OnlineCosts()
+    c.set_calibrated({(64, 1): 17e-3, (64, 2): 22e-3 / 1.5, (64, 3): 31e-3 / 1.5, (64, 4): 23e-3, (64, 5): 24.33e-3})
+    for _ in range(PLAIN_SAMPLES):
+        c.record_target(64, 1, 17e-3)
+    c.record_target(64, 2, 22e-3)
+    c.record_target(64, 3, 31e-3)
+    for s in range(1, 5):
+        c.record_draft(64, s, s * 3e-3)
+    c.record_overhead(64, 1.5e-3)
+    c.record_overhead(64, 1.5e-3, drafted=False)
+    assert [c.measured(64, T) for T in range(1, 6)] == [True, True, True, False, False]
+    assert [c.round_time(64, k) * 1e3 for k in range(5)] == pytest.approx([18.5, 26.5, 38.5, 45.0, 50.0], abs=0.01)
+    v = view([hist(0.6, 1, 40)] * 64, c, ids=[f"r{i}" for i in range(64)])
+    assert Goodput(4).choose(v)[0].k == 1
+    none = Goodput(4)
+    none.times = RoundTimes(4, calibrated=0.0)
+    assert none.choose(v)[0].k == 1
+    unweighted = Goodput(4)
+    unweighted.times = RoundTimes(4, fit=lambda t: affine_in_k(t))  # every length in the line alike
+    assert unweighted.choose(v)[0].k == 0
+    everything = OnlineCosts()  # every length timed online: the line as before, whatever the weight
+    for T, ms in enumerate([17, 22, 31, 38, 44], start=1):
+        for _ in range(PLAIN_SAMPLES if T == 1 else 1):
+            everything.record_target(64, T, ms / 1e3)
+    for s in range(1, 5):
+        everything.record_draft(64, s, s * 3e-3)
+    assert RoundTimes(4).get(everything, 64) == pytest.approx(RoundTimes(4, fit=lambda t: affine_in_k(t)).get(
+        everything, 64))
+
+
 def test_goodput_does_not_trust_one_slow_reading_of_a_draft_length():
     """Rounds of k = 1, 2 and 4 timed on a line, k = 3 read in a slow spell (14 ms against its 9.5): goodput with
     high acceptance still drafts 4. Pooling adjacent violators alone made k = 3 and 4 one 12.5 ms block and

@@ -286,6 +286,12 @@ class OnlineCosts:
                 self.version += 1
 
     # ------------------------------------------------------------------ predictions
+    def measured(self, n: int, T: int) -> bool:
+        """A target forward of n rows x T tokens was timed online (not only calibrated, nor predicted from other
+        shapes)."""
+        with self.lock:
+            return (n, T) in self._target.val
+
     def target_time(self, n: int, T: int) -> float | None:
         """Seconds for a target forward of n rows x T tokens (None: nothing measured yet)."""
         with self.lock:
