@@ -28,6 +28,7 @@ from speclab.engine.policies import (
     PlainCheck,
     PolicyView,
     ProbeBudget,
+    RoundTimes,
     RowView,
     batch_tokens,
     draft_prefill_share,
@@ -282,14 +283,15 @@ def test_goodput_prices_a_draft_length_from_the_widths_timed_online():
     priced k = 1 at 28.45 ms against 26.5 from its parts, and goodput stayed off at a predicted 1.04x where drafting
     pays 1.12x; with the calibrated lengths weighing little in the line it drafts k = 1. The kept weight and no
     weight at all both switch on."""
-    from speclab.engine.policies import RoundTimes, affine_in_k
+    from speclab.engine.policies import affine_in_k
 
     c = OnlineCosts()
     c.set_calibrated({(64, 1): 17e-3, (64, 2): 22e-3 / 1.5, (64, 3): 31e-3 / 1.5, (64, 4): 23e-3, (64, 5): 24.33e-3})
     for _ in range(PLAIN_SAMPLES):
         c.record_target(64, 1, 17e-3)
-    c.record_target(64, 2, 22e-3)
-    c.record_target(64, 3, 31e-3)
+    for _ in range(2):  # a calibrated shape's first online sample alone does not set its estimate
+        c.record_target(64, 2, 22e-3)
+        c.record_target(64, 3, 31e-3)
     for s in range(1, 5):
         c.record_draft(64, s, s * 3e-3)
     c.record_overhead(64, 1.5e-3)
@@ -856,6 +858,35 @@ def test_a_width_known_at_few_rows_borrows_the_growth_of_one_known_across_them()
     assert lone.target_time(4, 5) == pytest.approx(8e-3)
 
 
+def test_a_calibrated_shapes_first_online_sample_does_not_vouch_for_itself():
+    """The calibrated prior a sample is weighed against is scaled by what the other samples say, not by the sample's
+    own ratio. Seen in ``speclab serve`` with the ema policy at one stream on JSON: the first verify of 3 tokens ran
+    on cold caches at 3.2x its calibration; scaled by its own ratio, the prior equalled it, and it became the estimate
+    while verifies of 5 tokens ran at 1.5x theirs. The line through the round times then priced every draft length at
+    7.5 ms against 2.5 for a plain step, and the gate never drafted again (0.67x the fixed k there)."""
+    c = OnlineCosts()
+    c.set_calibrated({(1, 1): 1.55e-3, (1, 2): 1.8e-3, (1, 3): 1.75e-3, (1, 4): 2.25e-3, (1, 5): 2.21e-3},
+                     draft_phase={(1, s): 0.25e-3 + 0.3e-3 * s for s in range(1, 5)})
+    for _ in range(PLAIN_SAMPLES):
+        c.record_target(1, 1, 2.0e-3)
+    c.record_target(1, 3, 5.57e-3)  # cold
+    assert c.target_time(1, 3) == pytest.approx(1.75e-3 * 2.0 / 1.55)  # the plain steps' scale, not its own 3.2x
+    for _ in range(5):
+        c.record_target(1, 5, 3.4e-3)
+    assert c.target_time(1, 3) < 2.5e-3 and c.target_time(1, 5) == pytest.approx(3.4e-3)
+    times = RoundTimes(4).get(c, 1)
+    assert times[1] < times[2] < times[4] < 5e-3  # rising in k, and a drafting round well under 7.5 ms
+    ema = Ema(4)
+    assert ema.choose(view([hist(0.8, 4, 6)], c, remaining=30))[0].k == 4  # the gate lets ema's tier through
+    fresh = OnlineCosts()  # a fresh table: the first sample alone moves nothing; the samples that follow take over
+    fresh.set_calibrated({(1, 5): 2e-3})
+    fresh.record_target(1, 5, 6e-3)
+    assert fresh.target_time(1, 5) == pytest.approx(2e-3)
+    for _ in range(3):
+        fresh.record_target(1, 5, 3e-3)
+    assert fresh.target_time(1, 5) == pytest.approx(3e-3)
+
+
 def test_calibrated_shapes_are_rescaled_by_their_own_load_level():
     """The online / calibrated ratio learnt at 64 rows does not rescale one row's untried shapes when one row
     has a ratio of its own; a level never measured takes the nearest level's (of the shape's own kind)."""
@@ -1169,8 +1200,10 @@ def test_step_costs_sampled_one_steady_round_in_a_stride_once_warm(tiny, target_
         return sched.round, rec
 
     rounds, young = run(False)  # the tables young all through: every steady round recorded
-    steady = young["target"]  # every round drafts but the last (the rows' budgets end it at k = 0, after drafts)
-    assert steady == young["overhead"] == list(range(1, rounds)) and young["draft"] == steady[1:]  # draft: after one
+    # every round drafts but the last (the rows' budgets end it at k = 0, after drafts), and the first is a fresh
+    # scheduler's warm-up (its first touch of the draft's cache and the verify's buffers): not a sample
+    steady = young["target"]
+    assert steady == young["overhead"] == young["draft"] == list(range(2, rounds))
     _, warm = run(True)  # the same greedy rounds: the 4th, 8th, 12th ... steady round recorded, all three together
     every = steady[S.COST_STRIDE - 1::S.COST_STRIDE]
     assert warm["target"] == warm["overhead"] == warm["draft"] == every and len(every) >= 4

@@ -240,6 +240,12 @@ class OnlineCosts:
         if self.frozen:
             return
         cal = grid.cal.get((n, T))
+        # a calibrated shape counts as two samples, at the online/calibrated scale the other samples set (taken before
+        # this one's ratio joins it): the first one or two online samples, maybe taken in a burst of load or on cold
+        # caches, cannot alone become the estimate. Scaled after, the first sample at a level set its own prior (one
+        # verify of 3 tokens on cold caches, 3.2x its calibration, became the estimate, and a cost gate at one row
+        # priced every draft length at it and never drafted on JSON)
+        prior = [cal * grid.scale_of(n, T)] * 2 if cal else []
         if cal:  # online vs calibrated at the same shape: rescale this load level's shapes of its kind only calibrated
             key = (row_bucket(n), T == 1)
             ratios = self._ratios.setdefault((name, *key), deque(maxlen=3 * self.window))
@@ -250,9 +256,6 @@ class OnlineCosts:
         if recent is None:
             recent = self._recent[key] = deque(maxlen=self.window)
         recent.append(seconds)
-        # a calibrated shape counts as two samples (at the online/calibrated scale): the first one or two
-        # online samples, maybe taken in a burst of load, cannot alone become the estimate
-        prior = [cal * grid.scale_of(n, T)] * 2 if cal else []
         grid.set(n, T, statistics.median([*recent, *prior]))
         self.version += 1
 

@@ -149,6 +149,7 @@ class Scheduler:
         self.reject_tree = tree_rejection_sample  # the multi-candidate rule (tests patch the module name)
         self.t_last = time.perf_counter()
         self._drafted_last = False  # did the last round draft (its draft phase is then a steady one's cost sample)
+        self._drafted_ever = False  # has a round drafted yet (the first one is a fresh engine's warm-up: not a sample)
         self._admitted = False  # did this step prefill new rows before its round (a plain step then runs cold)
         self._unsampled = [0, 0]  # steady plain / drafting rounds since the last one whose costs were recorded
         self.draft_features = tuple(getattr(drafter, "features", ()) or ()) if drafter is not None else ()
@@ -521,9 +522,13 @@ class Scheduler:
         # plain step right after a drafting round runs the target's weights cold (the draft's forwards and the
         # verify block displaced them), and so does one right after a prefill in the same step (on code at 4 rows:
         # 3.9 ms against 2.4-2.6 ms steady; a policy timing its first plain steps at a burst's start read them all
-        # there). Of those, every one while the tables are young, then one in COST_STRIDE
+        # there). Nor is the first drafting round of a fresh scheduler: it touches the draft's cache and the verify's
+        # buffers for the first time (in a forked engine process, a verify of 5 tokens at one row took 6.5 ms there
+        # against 2.5-3.1 ms in the rounds after, and as the first sample of its shape it priced drafting off). Of
+        # those, every one while the tables are young, then one in COST_STRIDE
         sample = False
-        if self.record_costs and (prop is not None or not (self._drafted_last or self._admitted)):
+        if self.record_costs and (self._drafted_ever if prop is not None
+                                  else not (self._drafted_last or self._admitted)):
             kind = prop is not None
             if (self.costs.version < COST_WARM or self._unsampled[kind] >= COST_STRIDE - 1
                     or (not kind and self.costs.plain_samples(n) < PLAIN_SAMPLES)):  # a level's first plain steps
@@ -626,6 +631,7 @@ class Scheduler:
         done = [rows[b] for b in finished]
         self._leave(finished)
         self._drafted_last = prop is not None
+        self._drafted_ever = self._drafted_ever or self._drafted_last
         self.t_last = time.perf_counter()
         if sample:  # the round's work outside the forwards (weighed against the forwards)
             self.costs.record_overhead(n, self.t_last - t2 + tc - t0, prop is not None)
