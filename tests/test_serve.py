@@ -527,14 +527,21 @@ def test_plain_decoding_server(models, process):
 
 def test_adaptive_policy_starts_from_calibrated_step_costs(models):
     """`speclab serve` with an adaptive policy calibrates the step costs at start-up and hands them to the engine
-    core, whose scheduler then refines the same tables online (here on a thread, so the object is shared)."""
+    core, whose scheduler then refines the same tables online (here on a thread, so the object is shared). Calibrated
+    as the server does it (the fastest of a few runs, by the thread's CPU time on one thread). With one wall-clock run
+    a shape it failed once in CI (session 39). Replayed beside two busy processes, that calibration read verifies of
+    3-5 tokens at 4x their time, and goodput rightly stayed off for the request's 12 tokens in 20 of 20 runs. Before
+    session 39 it drafted there only because its first plain step online, as slow, became the estimate."""
+    import torch
+
     from speclab.engine import make_policy
-    from speclab.engine.costs import OnlineCosts
+    from speclab.engine.costs import ROBUST_REPS, ROBUST_STAT, OnlineCosts, calibration_clock
     from speclab.serve.app import Server
 
     target, draft = models["target"], models["draft"]
     costs = OnlineCosts()
-    costs.calibrate(target, draft.lm, rows=(1, 2), tokens=(1, 2, 3, 4, 5), reps=1)
+    costs.calibrate(target, draft.lm, rows=(1, 2), tokens=(1, 2, 3, 4, 5), reps=ROBUST_REPS, stat=ROBUST_STAT,
+                    clock=calibration_clock(target.device, torch.get_num_threads()))
     before = costs.snapshot()
     assert before["calibrated_target"] and not before["target"]  # timed, nothing learnt yet
     server = Server(target, draft, make_policy("goodput", 4), served_name="calibrated", engine_process=False,
