@@ -975,12 +975,12 @@ def test_verdicts_on_speclab_serve(speclab_servers, tmp_path):
 
 @pytest.mark.slow
 def test_adaptive_verdict_on_speclab_serve(speclab_servers, tmp_path):
-    """A server drafting at one row only (batch table 1-1=4, 2-=0): bursty at one stream, smooth at six. A level's
-    last request runs alone and drafts there, so a level of six requests at six streams read bursty once in CI (10% of
-    its gaps near zero against 8%, the share resting on few gaps, most of them a starved client's bunched stamps);
-    twelve requests a level give the share twice the gaps. With more gaps a starved client's bunching can also show as
-    bursts that come late, each token no faster than a single one: the call "late", which the verdict counts as
-    smooth."""
+    """A server drafting at one row only (batch table 1-1=4, 2-=0): bursty at one stream, smooth at six (the chunks
+    stamped with fewer requests in flight than the level's clients are left out). A level of six requests at six
+    streams read bursty once in CI: 10% of its gaps near zero against 8%, the share resting on few gaps, most of them a
+    starved client's bunched stamps. Twelve requests a level give the share twice the gaps. With more gaps, a starved
+    client's bunching can also show as bursts that come late, each token no faster than a single one. That is the
+    call "late", which the verdict counts as smooth."""
     res = _load_cli(speclab_servers["adaptive"].url, tmp_path, "adaptive", "--concurrency", "1,6",
                     "--num-requests", "12")
     assert res["verdict"]["verdict"] == "adaptive", res["verdict"]
