@@ -1025,18 +1025,14 @@ def test_start_up_calibration_times_by_the_threads_cpu_time_on_one_cpu_thread(ta
     assert calibration_clock(torch.device("cpu"), 2) is time.perf_counter
     assert calibration_clock(torch.device("cuda"), 1) is time.perf_counter
 
-    class Seen(OnlineCosts):
-        def calibrate(self, *a, **kw):
-            self.clock = kw.get("clock")
-            return super().calibrate(*a, **kw)
-
-    c, threads = Seen(), torch.get_num_threads()
+    c, threads = OnlineCosts(), torch.get_num_threads()
+    assert c.clock is time.perf_counter  # uncalibrated: online samples by the wall clock
     try:
         torch.set_num_threads(1)
         assert seed_costs(Goodput(2), c, target_lm, target_lm, rows=1, context=16) > 0
     finally:
         torch.set_num_threads(threads)
-    assert c.clock is time.thread_time and c.coverage(1)
+    assert c.clock is time.thread_time and c.coverage(1)  # and the online samples are timed with it from now on
 
 
 def test_calibration_is_a_prior_rescaled_by_online_numbers(target_lm):
@@ -1207,6 +1203,49 @@ def test_step_costs_sampled_one_steady_round_in_a_stride_once_warm(tiny, target_
     _, warm = run(True)  # the same greedy rounds: the 4th, 8th, 12th ... steady round recorded, all three together
     every = steady[S.COST_STRIDE - 1::S.COST_STRIDE]
     assert warm["target"] == warm["overhead"] == warm["draft"] == every and len(every) >= 4
+
+
+def test_step_costs_are_timed_with_the_cost_tables_clock(tiny, target_lm):
+    """Online cost samples are timed with OnlineCosts.clock, the clock the table was calibrated with (the thread's CPU
+    time on a CPU with one torch thread), while the events' phase timings stay on the wall clock. A forward that
+    waits (here a sleep, which uses no CPU: a stand-in for another process taking the core) stretches wall-clock
+    samples and not CPU-time ones. Measured: two engine cores sharing 2 CPUs with the HTTP side, wall-clock samples
+    priced one core's verify blocks at 8 rows at 3.7x a plain step (the other core's: 1.9x), and it drafted k = 1
+    where k = 4 paid."""
+    import time
+
+    from speclab.engine import Fixed, Scheduler
+    from speclab.engine.request import Request
+    from speclab.engine.sampling import SamplingParams
+
+    wait = 0.05
+
+    def run(clock):
+        sched = Scheduler(target_lm, make_drafter(tiny["draft_close"], target_lm), Fixed(2), max_running=2,
+                          max_len=96)
+        sched.costs.clock = clock
+        forward = sched.cache.forward
+
+        def slow(*a, **kw):
+            time.sleep(wait)
+            return forward(*a, **kw)
+
+        sched.cache.forward = slow
+        seen, verify = [], []
+        record = sched.costs.record_target
+        sched.costs.record_target = lambda n, T, sec: (seen.append(sec), record(n, T, sec))
+        sched.hooks.subscribe(lambda ev: verify.append(ev.timings["verify"]) if getattr(ev, "phase", None) == "verify"
+                              else None)
+        for i, p in enumerate(PROMPTS[:2]):
+            sched.submit(Request(target_lm.encode(p), 8, SamplingParams(), ignore_eos=True, request_id=str(i)))
+        sched.run_until_idle()
+        return seen, verify
+
+    wall, wall_events = run(time.perf_counter)
+    cpu, cpu_events = run(time.thread_time)
+    assert wall and min(wall) >= wait  # the wait counted
+    assert cpu and max(cpu) < wait  # only the forward's own work
+    assert min(wall_events + cpu_events) >= wait  # what the phases report: the wall clock either way
 
 
 def test_events_carry_k_and_reason(tiny, target_lm):

@@ -195,6 +195,10 @@ class OnlineCosts:
         self._plain_seen: dict[int, int] = {}  # row_bucket -> plain steps timed online there
         self.version = 0  # bumped by every record: policies may cache predictions per version
         self.calibration_s = 0.0  # time spent calibrating (outside any timed region)
+        # what the online samples are timed with: the calibration's clock (:meth:`calibrate`), so that each sample's
+        # ratio to its calibration compares like with like, and on a CPU with one torch thread, the thread's CPU time
+        # (:func:`calibration_clock`), which another process taking the core cannot stretch
+        self.clock = time.perf_counter
         self.frozen = False  # True: records are ignored (a fixed, hand-built table: tests and what-if runs)
         self.lock = threading.Lock()
 
@@ -414,6 +418,7 @@ class OnlineCosts:
                     if draft is not None else {}
             _CALIBRATIONS[key] = (tt, dd, time.perf_counter() - t0)
         tt, dd, _ = _CALIBRATIONS[key]
+        self.clock = clock
         if phases:
             self.set_calibrated(tt, draft_phase=dd)
         else:

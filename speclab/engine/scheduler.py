@@ -420,13 +420,14 @@ class Scheduler:
             return [(a, b)]
         return [(i, i + 1) for i in range(a, b)]
 
-    def _admit_late(self) -> float:
+    def _admit_late(self) -> tuple[float, float]:
         """Hand the drafter the rows it has not taken in yet (every row, drafting or not, runs through a draft
-        forward), grouped as :func:`admit_runs` says; returns the seconds it took."""
+        forward), grouped as :func:`admit_runs` says; returns the seconds it took by the wall clock and by the cost
+        table's clock (:attr:`OnlineCosts.clock`)."""
         pending = [b for b, r in enumerate(self.rows) if r.draft_pending]
         if not pending:
-            return 0.0
-        t = time.perf_counter()
+            return 0.0, 0.0
+        t, c = time.perf_counter(), self.costs.clock()
         ctx = self._ctx()
         lengths = [len(self.rows[i].context) for i in pending]
         for a, b in admit_runs(pending, lengths):
@@ -435,10 +436,10 @@ class Scheduler:
             self.rows[b].draft_pending = False
         if self.hooks.active or self.record_costs:
             sync(self.device)
-        spent = time.perf_counter() - t
+        spent, cost = time.perf_counter() - t, self.costs.clock() - c
         if self.record_costs:
-            self.costs.record_draft_prefill(sum(lengths) - len(lengths), spent)
-        return spent
+            self.costs.record_draft_prefill(sum(lengths) - len(lengths), cost)
+        return spent, cost
 
     # ------------------------------------------------------------------ one verification round
     def _draws(self, ks: list[int], params: RowParams, kmax: int):
@@ -483,19 +484,24 @@ class Scheduler:
         active = self.hooks.active
         want_probs = active and self.hooks.wants_probs  # display probabilities: only when a subscriber reads them
         timed = active or self.record_costs
-        t0 = time.perf_counter()
+        # the phases as events report them: the wall clock; cost samples: the cost table's clock (the thread's CPU
+        # time on a CPU with one torch thread, see OnlineCosts.clock: at two engine cores sharing 2 CPUs with the
+        # HTTP side, wall-clock samples taken while the core was preempted priced one core's verify blocks at 8 rows
+        # at 3.7x a plain step against the other core's 1.9x, and that core drafted k = 1 where k = 4 paid)
+        clock = self.costs.clock
+        c0 = clock()
         self.round += 1
         params = RowParams([r.params for r in rows], dev)
         ks, why = self._choose()
         kmax = max(ks)
         u_draft, u_acc, u_next = self._draws(ks, params, kmax)
-        tc = time.perf_counter()  # the policy's choice: paid every round, drafting or not (overhead, not draft)
+        tc, cc = time.perf_counter(), clock()  # the policy's choice: paid every round, drafting or not (overhead)
 
         # ---- draft
         prop = None
-        t_admit = 0.0  # the drafter's late prefill of rows drafting for the first time: not part of the draft phase
+        t_admit = c_admit = 0.0  # the drafter's late prefill of rows drafting for the first time: not the draft phase
         if drafter is not None and kmax > 0:
-            t_admit = self._admit_late()
+            t_admit, c_admit = self._admit_late()
             stop = self.policy.draft_stop()
             prop = drafter.propose(self._ctx(), ks, params, u_draft, want_probs=want_probs, stop=stop)
             steps = prop.tokens.shape[1]  # draft steps run (for the cost model)
@@ -516,7 +522,7 @@ class Scheduler:
         kk = d_tokens.shape[1]
         if timed:
             sync(dev)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), clock()
         # steady rounds only: right after a round without drafts the draft's weights are cold and its cache catches
         # up on every plain round's token, a switching cost a policy pays once, not per drafting round; likewise a
         # plain step right after a drafting round runs the target's weights cold (the draft's forwards and the
@@ -536,7 +542,7 @@ class Scheduler:
             else:
                 self._unsampled[kind] += 1
         if sample and prop is not None and self._drafted_last:
-            self.costs.record_draft(n, steps, t1 - tc - t_admit)
+            self.costs.record_draft(n, steps, c1 - cc - c_admit)
 
         # ---- verify: one target forward over [newest token, d1..dk] per row (a tree: [newest, nodes...] with
         # positions start + depth and the ancestor mask)
@@ -551,9 +557,9 @@ class Scheduler:
         logits = out.logits  # (n, kk+1, V)
         if timed:
             sync(dev)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), clock()
         if sample:
-            self.costs.record_target(n, kk + 1, t2 - t1)
+            self.costs.record_target(n, kk + 1, c2 - c1)
 
         # ---- accept, write, roll back
         if tree:  # the longest accepted root path; its K/V move down to slot = position
@@ -634,7 +640,7 @@ class Scheduler:
         self._drafted_ever = self._drafted_ever or self._drafted_last
         self.t_last = time.perf_counter()
         if sample:  # the round's work outside the forwards (weighed against the forwards)
-            self.costs.record_overhead(n, self.t_last - t2 + tc - t0, prop is not None)
+            self.costs.record_overhead(n, clock() - c2 + cc - c0, prop is not None)
         return done
 
     # ------------------------------------------------------------------ running until done
