@@ -239,9 +239,11 @@ def interleave(scheds, clock=time.perf_counter, offset: int = 0, shuffle=None) -
 
 
 def run_policies(args) -> int:
+    import torch
+
     from ..drafters import make_drafter
     from ..engine import SpeculativeDecoder, make_policy
-    from ..engine.costs import ROBUST_REPS, ROBUST_STAT, calibration_rows
+    from ..engine.costs import ROBUST_REPS, ROBUST_STAT, calibration_clock, calibration_rows
     from ..engine.policies import ADAPTIVE, POLICIES
     from ..workloads import load_workload, workload_names
     from .sweep import cached_model
@@ -282,8 +284,12 @@ def run_policies(args) -> int:
     lens = sorted(len(p) for p in uniq.values())
     ctx = lens[len(lens) // 2] + M // 2
     t0 = time.perf_counter()
+    # timed as seed_costs times (`speclab generate --policy`, `speclab serve --spec-policy`): the thread's CPU time on a
+    # CPU with one torch thread, and the online samples with it (OnlineCosts.clock; in lockstep, with nothing else
+    # running, goodput read the same either way: 11 and 10 of 12 cells, paired median 0.996)
     spec.costs.calibrate(target, drafter, rows=calibration_rows(*levels), tokens=tuple(range(1, K + 2)),
-                         context=ctx, reps=ROBUST_REPS, stat=ROBUST_STAT)  # by wall clock, as the scheduler measures
+                         context=ctx, reps=ROBUST_REPS, stat=ROBUST_STAT,
+                         clock=calibration_clock(target.device, torch.get_num_threads()))
     calib_s = time.perf_counter() - t0
     log(f"[policies] calibrated step costs in {calib_s:.1f} s (not timed)")
     for B in levels:
