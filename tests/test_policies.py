@@ -858,6 +858,35 @@ def test_a_width_known_at_few_rows_borrows_the_growth_of_one_known_across_them()
     assert lone.target_time(4, 5) == pytest.approx(8e-3)
 
 
+def test_a_draft_length_left_untimed_falls_back_to_its_calibration_at_the_current_scale():
+    """A policy times only the draft lengths it chooses. A served goodput at one row chose k = 3 when a slow spell
+    priced its k = 4 rounds high, and k = 4, never timed again, kept that price after the spell. Once STALE samples of
+    its kind at its row count have passed a calibrated shape by, its online samples are forgotten: it reads its
+    calibration at the level's current online / calibrated scale, which the samples since the spell set. Plain steps
+    (the other kind) and shapes never calibrated (nothing to fall back to) keep theirs."""
+    from speclab.engine.costs import STALE
+
+    c = OnlineCosts()
+    c.set_calibrated({(1, t): 1e-3 * (1 + 0.1 * t) for t in range(1, 6)}, {1: 0.5e-3})
+    c.record_target(1, 1, 1.3e-3)  # a plain step, 1.18x its calibration of 1.1 ms
+    c.record_target(1, 7, 3e-3)  # a width never calibrated
+    plain = c.target_time(1, 1)
+    for _ in range(9):  # the spell: k = 4's verifies (calibrated 1.5 ms) read 5 ms
+        c.record_target(1, 5, 5e-3)
+    spell = c.target_time(1, 5)
+    assert spell > 3e-3 and c.measured(1, 5)
+    for _ in range(STALE - 1):  # then k = 3, at its calibration
+        c.record_target(1, 4, 1.4e-3)
+    assert c.target_time(1, 5) == spell  # not yet
+    c.record_target(1, 4, 1.4e-3)
+    assert not c.measured(1, 5)
+    # the level's verify scale is the median of its last 27 ratios: 3 of the spell's, 24 at 1.0
+    assert c.target_time(1, 5) == pytest.approx(1.5e-3)
+    assert c.target_time(1, 1) == plain and c.measured(1, 7) and c.target_time(1, 7) == pytest.approx(3e-3)
+    c.record_target(1, 5, 1.6e-3)  # timed again: its own samples from here
+    assert c.measured(1, 5) and c.target_time(1, 5) == pytest.approx(1.5e-3)  # median of 1.6 and twice 1.5
+
+
 def test_a_calibrated_shapes_first_online_sample_does_not_vouch_for_itself():
     """The calibrated prior a sample is weighed against is scaled by what the other samples say, not by the sample's
     own ratio. Seen in ``speclab serve`` with the ema policy at one stream on JSON: the first verify of 3 tokens ran

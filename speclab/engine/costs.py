@@ -56,6 +56,7 @@ _CALIBRATIONS: dict[tuple, tuple[dict, dict, float]] = {}  # (models, grid) -> (
 # k = 3 as 3.0 ms (1.6 and 2.3 ms alone), and a served goodput that believed them never drafted on JSON.
 ROBUST_STAT, ROBUST_REPS = "min", 5
 PLAIN_SAMPLES = 3  # plain steps timed online at a load level before a policy trusts its plain estimate there
+STALE = 24  # samples of a kind at a row count after which a shape of that kind not sampled since is forgotten
 
 
 def calibration_clock(device, threads: int):
@@ -192,6 +193,8 @@ class OnlineCosts:
         self._recent: dict[tuple, deque] = {}  # (table, n, T) -> the last `window` samples
         self._ratios: dict[tuple, deque] = {}  # (table, load level, one token?) -> recent online / calibrated ratios
         self._prefill: deque = deque(maxlen=window)  # draft prefill: recent seconds per token
+        self._count: dict[tuple, int] = {}  # (table, n, one token or step?) -> samples of that kind at n rows
+        self._at: dict[tuple, dict[int, int]] = {}  # the same key -> T -> the count when (n, T) was last sampled
         self._plain_seen: dict[int, int] = {}  # row_bucket -> plain steps timed online there
         self.version = 0  # bumped by every record: policies may cache predictions per version
         self.calibration_s = 0.0  # time spent calibrating (outside any timed region)
@@ -261,7 +264,25 @@ class OnlineCosts:
             recent = self._recent[key] = deque(maxlen=self.window)
         recent.append(seconds)
         grid.set(n, T, statistics.median([*recent, *prior]))
+        self._expire(name, grid, n, T)
         self.version += 1
+
+    def _expire(self, name: str, grid: _Grid, n: int, T: int) -> None:
+        """Forget the online samples of each calibrated shape of T's kind at n rows that :data:`STALE` samples of that
+        kind at n rows have passed by: it falls back to its calibration at the load level's current online /
+        calibrated scale, which follows the machine's drift, until it is timed again. A policy times only the draft
+        lengths it chooses, and a length it stopped choosing kept the price it had then: a served goodput at one
+        row chose k = 3 when a slow spell priced k = 4 rounds high, then k = 2 when k = 3's read slow in turn, and after
+        the spell it stayed at k = 1-3 for the rest of the run (0.90x the fixed k = 4 it had matched). With a spell
+        injected into k = 4's verifies, goodput now returns to k = 4 after it; without one, it reads the same."""
+        kind = (name, n, T == 1)
+        count = self._count[kind] = self._count.get(kind, 0) + 1
+        at = self._at.setdefault(kind, {})
+        at[T] = count
+        for t in [t for t, c in at.items() if count - c >= STALE and (n, t) in grid.cal]:
+            del at[t]
+            self._recent.pop((name, n, t), None)
+            grid.val.pop((n, t), None)
 
     def record_target(self, n: int, T: int, seconds: float) -> None:
         with self.lock:
