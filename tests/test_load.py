@@ -1109,3 +1109,58 @@ def test_optional_package_asked_for_by_name():
         require_package("--loop", "no_such_pkg_x")
     require_package("--http", "json")  # installed: no error
     assert loop_factory("asyncio") is None
+
+
+_HEALTH_SERVER = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def test_a_server_whose_free_port_was_taken_starts_again_on_another(monkeypatch):
+    """Between free_port() and the server's bind another process can take the port (seen in CI: notebooks starting
+    servers at once, and one exited with "Address already in use"). start_server, which speclab_serve and vllm_serve
+    use, then starts the server again on a new free port; a port the caller chose is left as it is."""
+    import socket
+    import sys
+
+    import httpx
+
+    from speclab.load import servers
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    taken = busy.getsockname()[1]
+    real, picks = servers.free_port, []
+
+    def pick():
+        picks.append(taken if not picks else real())
+        return picks[-1]
+
+    monkeypatch.setattr(servers, "free_port", pick)
+
+    def build(port):
+        return [sys.executable, "-c", _HEALTH_SERVER, str(port)]
+
+    try:
+        srv = servers.start_server("health", build, None, None, 30)
+        try:
+            assert picks[0] == taken and srv.port == picks[-1] != taken and len(picks) == 2
+            assert httpx.get(f"{srv.url}/health").status_code == 200
+        finally:
+            srv.stop()
+        with pytest.raises(SpeclabError, match="in use"):
+            servers.start_server("health", build, taken, None, 30)
+    finally:
+        busy.close()

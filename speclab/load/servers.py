@@ -30,6 +30,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+PORT_TRIES = 3
+
+
+def start_server(name: str, build, port: int | None, env: dict | None, start_timeout: float) -> "ManagedServer":
+    """A :class:`ManagedServer` from ``build(port)``, its command line. With ``port`` None a free one is picked, and
+    if another process takes it between :func:`free_port` and the server's bind (seen in CI: several notebooks start
+    servers at once, and one exited with "Address already in use"), the server is started again on a new one, up to
+    :data:`PORT_TRIES` times."""
+    for attempt in range(PORT_TRIES):
+        p = port or free_port()
+        try:
+            return ManagedServer(name, build(p), p, env=env, start_timeout=start_timeout)
+        except SpeclabError as e:
+            if port is not None or attempt == PORT_TRIES - 1 or "in use" not in str(e):
+                raise
+    raise AssertionError("unreachable")
+
+
 class ManagedServer:
     """A server child process: ``url`` once healthy; ``stop()`` (or leaving the ``with`` block) ends it."""
 
@@ -107,10 +125,8 @@ def speclab_serve(model: str | None = None, speculative_config: dict | str | Non
                   threads: int | None = 1, split_tokens: bool = False, port: int | None = None,
                   extra: list[str] | None = None, start_timeout: float = 180.0) -> ManagedServer:
     """Start ``python -m speclab serve`` (``speculative_config``: a dict / JSON string, "none" for plain decoding,
-    None for the family default)."""
-    port = port or free_port()
-    cmd = [sys.executable, "-m", "speclab", "serve", "--port", str(port), "--disable-uvicorn-access-log",
-           "--uvicorn-log-level", "warning"]
+    None for the family default; ``port`` None: a free one, see :func:`start_server`)."""
+    cmd = [sys.executable, "-m", "speclab", "serve", "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
     if model:
         cmd += ["--model", model]
     if speculative_config is not None:
@@ -124,7 +140,7 @@ def speclab_serve(model: str | None = None, speculative_config: dict | str | Non
         cmd.append("--stream-split-tokens")
     cmd += extra or []
     env = {"OMP_NUM_THREADS": str(threads)} if threads else None
-    return ManagedServer("speclab-serve", cmd, port, env=env, start_timeout=start_timeout)
+    return start_server("speclab-serve", lambda p: cmd + ["--port", str(p)], port, env, start_timeout)
 
 
 def vllm_venv(path: str | None = None) -> Path | None:
@@ -140,9 +156,8 @@ def vllm_serve(venv: Path, model_dir: str, speculative_config: dict | None = Non
     ``env``: more environment variables (e.g. ``VLLM_LOG_STATS_INTERVAL``); ``eager``: ``--enforce-eager``, no
     torch.compile warm-up (vLLM 0.32's CPU build recompiles on every start, its AOT cache failing to load: about
     25 s of a start on 2 cores), for checks that need the server's behaviour, not its speed."""
-    port = port or free_port()
     cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-           "--dtype", "float32", "--max-model-len", str(max_model_len), "--host", "127.0.0.1", "--port", str(port)]
+           "--dtype", "float32", "--max-model-len", str(max_model_len), "--host", "127.0.0.1"]
     template = venv / "speclab_chat_template.jinja"
     if template.exists():
         cmd += ["--chat-template", str(template)]
@@ -152,4 +167,4 @@ def vllm_serve(venv: Path, model_dir: str, speculative_config: dict | None = Non
         cmd.append("--enforce-eager")
     full_env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                 **(env or {})}
-    return ManagedServer("vllm", cmd, port, env=full_env, start_timeout=start_timeout)
+    return start_server("vllm", lambda p: cmd + ["--port", str(p)], port, full_env, start_timeout)
