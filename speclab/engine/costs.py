@@ -193,8 +193,9 @@ class OnlineCosts:
         self._recent: dict[tuple, deque] = {}  # (table, n, T) -> the last `window` samples
         self._ratios: dict[tuple, deque] = {}  # (table, load level, one token?) -> recent online / calibrated ratios
         self._prefill: deque = deque(maxlen=window)  # draft prefill: recent seconds per token
-        self._count: dict[tuple, int] = {}  # (table, n, one token or step?) -> samples of that kind at n rows
-        self._at: dict[tuple, dict[int, int]] = {}  # the same key -> T -> the count when (n, T) was last sampled
+        # (table, n, one token or step?) -> T -> how many samples of that kind at n rows there were when (n, T) was
+        # last sampled (the newest entry is the kind's count)
+        self._at: dict[tuple, dict[int, int]] = {}
         self._plain_seen: dict[int, int] = {}  # row_bucket -> plain steps timed online there
         self.version = 0  # bumped by every record: policies may cache predictions per version
         self.calibration_s = 0.0  # time spent calibrating (outside any timed region)
@@ -275,10 +276,8 @@ class OnlineCosts:
         row chose k = 3 when a slow spell priced k = 4 rounds high, then k = 2 when k = 3's read slow in turn, and after
         the spell it stayed at k = 1-3 for the rest of the run (0.90x the fixed k = 4 it had matched). With a spell
         injected into k = 4's verifies, goodput now returns to k = 4 after it; without one, it reads the same."""
-        kind = (name, n, T == 1)
-        count = self._count[kind] = self._count.get(kind, 0) + 1
-        at = self._at.setdefault(kind, {})
-        at[T] = count
+        at = self._at.setdefault((name, n, T == 1), {})
+        count = at[T] = max(at.values(), default=0) + 1
         for t in [t for t, c in at.items() if count - c >= STALE and (n, t) in grid.cal]:
             del at[t]
             self._recent.pop((name, n, t), None)

@@ -38,14 +38,15 @@ def start_server(name: str, build, port: int | None, env: dict | None, start_tim
     if another process takes it between :func:`free_port` and the server's bind (seen in CI: several notebooks start
     servers at once, and one exited with "Address already in use"), the server is started again on a new one, up to
     :data:`PORT_TRIES` times."""
-    for attempt in range(PORT_TRIES):
-        p = port or free_port()
+    for _ in range(PORT_TRIES - 1 if port is None else 0):
+        p = free_port()
         try:
             return ManagedServer(name, build(p), p, env=env, start_timeout=start_timeout)
         except SpeclabError as e:
-            if port is not None or attempt == PORT_TRIES - 1 or "in use" not in str(e):
+            if "in use" not in str(e):
                 raise
-    raise AssertionError("unreachable")
+    p = port or free_port()
+    return ManagedServer(name, build(p), p, env=env, start_timeout=start_timeout)
 
 
 class ManagedServer:
