@@ -112,6 +112,19 @@ def test_models_command(capsys):
         assert set(m) == {"name", "role", "parameters", "tokenizer", "path"}
 
 
+def test_train_command_sends_heads_to_the_head_trainer_and_the_module_entry_offers_models_only(capsys):
+    """`speclab train --heads` goes to speclab.family.heads (its own check of the names answers, before any
+    training); `python -m speclab.family.train` trains models only and refuses --heads."""
+    from speclab.cli import main
+    from speclab.family.train import main as train_main
+
+    with pytest.raises(SystemExit, match=r"speclab train --heads: unknown head\(s\) \['no-such-head'\]"):
+        main(["train", "--heads", "--only", "no-such-head"])
+    with pytest.raises(SystemExit) as e:
+        train_main(["--heads"])
+    assert e.value.code == 2 and "unrecognized arguments: --heads" in capsys.readouterr().err
+
+
 def test_quality_helpers():
     from speclab.family.train import distinct_2, looks_like_python, python_line_rate
 

@@ -26,7 +26,7 @@ def acceptance_report(workloads: str | list[str] = "all", *, target: str = DEFAU
                       prompts_per_workload: int | None = 8, temperatures=TEMPERATURES, seed: int = 0,
                       batch_size: int = 8, progress=None) -> dict:
     """Run the engine over every (workload, drafter, temperature) and collect its metrics
-    (:func:`speclab.sweep.measure`: acceptance = accepted / drafted over all the prompts)."""
+    (:func:`speclab.analysis.sweep.measure`: acceptance = accepted / drafted over all the prompts)."""
     from ..drafters import make_drafter
     from ..engine import SpeculativeDecoder
     from ..models import load_model

@@ -3,7 +3,7 @@
 
 Nothing here keeps per-run state at module level: every run builds its own decoder and drafter
 (a model drafter keeps a KV cache, so sharing one between two users' runs would mix them up).
-Only loaded models are shared, read-only, through :func:`speclab.sweep.cached_model`.
+Only loaded models are shared, read-only, through :func:`speclab.analysis.sweep.cached_model`.
 """
 
 from __future__ import annotations

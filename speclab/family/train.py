@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import FAMILY_DIR
+from .args import add_train_arguments
 from .corpus import Corpus, build_corpus, copy_documents
 
 EOT = "<|endoftext|>"
@@ -720,8 +721,8 @@ def train_family(cfg: TrainConfig, log=print, after_each=None) -> dict:
         manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
         (cfg.runs_dir / "quality_samples.json").write_text(json.dumps(q, indent=2))
     if cfg.acceptance and cfg.out_dir.resolve() == FAMILY_DIR.resolve():
-        try:
-            from .report import acceptance_report
+        try:  # the report runs the engine over the new family (speclab.analysis, which sits above the family)
+            from ..analysis.report import acceptance_report
 
             acc = acceptance_report(workloads="all", prompts_per_workload=8, max_new_tokens=64)
             report["acceptance"] = acc
@@ -773,7 +774,7 @@ def format_training_report(report: dict) -> str:
                      f"{q['code_parse_rate']}, valid-Python line rate {q.get('code_python_line_rate')}")
     acc = report.get("acceptance")
     if acc:
-        from .report import format_report
+        from ..analysis.report import format_report
 
         lines.append(format_report(acc))
     lines.append(f"wall time {report.get('wall_seconds', 0) / 60:.1f} min")
@@ -781,10 +782,7 @@ def format_training_report(report: dict) -> str:
 
 
 def run_from_args(args) -> int:
-    if getattr(args, "heads", False):
-        from .heads import run_from_args as run_heads
-
-        return run_heads(args)
+    """Train the models (``speclab train``; its ``--heads`` goes to :mod:`.heads` instead, from the command)."""
     if args.batch_scale < 1:
         raise SystemExit(f"speclab train: --batch-scale must be a whole number >= 1, not {args.batch_scale}")
     large = dict(corpus_kwargs=dict(LARGE_CORPUS), copy_chars=LARGE_COPY_CHARS,
@@ -800,9 +798,7 @@ def run_from_args(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m speclab.family.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    from .cli import add_train_arguments
-
-    add_train_arguments(p)
+    add_train_arguments(p, heads=False)  # the heads: `speclab train --heads` or `python -m speclab.family.heads`
     return run_from_args(p.parse_args(argv))
 
 

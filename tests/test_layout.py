@@ -1,0 +1,262 @@
+"""The package's shape, checked from its source: every import inside speclab resolves (a moved module leaves no
+import that only fails when its code path runs), no import circles (lazy imports included), no module reaches
+into another's private names, and every ``speclab.x.y`` named in backticks in the code, the docs and the
+notebooks exists."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "speclab"
+LAYERS = ("engine", "models", "drafters", "serve", "load", "analysis", "app", "family", "viz")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+@lru_cache(maxsize=None)
+def _tree(name: str) -> ast.Module:
+    return ast.parse(MODULES[name].read_text(encoding="utf-8"))
+
+
+def _target(module: str, node: ast.ImportFrom) -> str | None:
+    """The absolute module an ``ImportFrom`` in ``module`` names."""
+    if node.level == 0:
+        return node.module
+    base = module.split(".")
+    if MODULES[module].name != "__init__.py":
+        base = base[:-1]
+    if node.level > 1:
+        base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(module: str):
+    """(line, imported module, names) for every speclab import in ``module``, at any depth (lazy ones too)."""
+    for node in ast.walk(_tree(module)):
+        if isinstance(node, ast.ImportFrom):
+            t = _target(module, node)
+            if t and (t == "speclab" or t.startswith("speclab.")):
+                yield node.lineno, t, [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "speclab" or a.name.startswith("speclab."):
+                    yield node.lineno, a.name, []
+
+
+@lru_cache(maxsize=None)
+def _defined(module: str) -> frozenset[str]:
+    """Names a module binds at its top level (also inside if/try blocks), plus the lazy exports in ``__all__``."""
+    names: set[str] = set()
+
+    def bind(target):
+        for n in ast.walk(target):
+            if isinstance(n, ast.Name):
+                names.add(n.id)
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                for t in node.targets:
+                    bind(t)
+                    if isinstance(t, ast.Name) and t.id == "__all__" and isinstance(node.value, (ast.List, ast.Tuple)):
+                        names.update(e.value for e in node.value.elts if isinstance(e, ast.Constant))
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+                bind(node.target)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                visit(getattr(node, "finalbody", []))
+                for h in getattr(node, "handlers", []):
+                    visit(h.body)
+
+    visit(_tree(module).body)
+    return frozenset(names)
+
+
+def _exports(module: str) -> set[str]:
+    """A package's lazy exports: the keys of a module-level ``_EXPORTS`` dict (served by ``__getattr__``)."""
+    for node in _tree(module).body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)
+                and isinstance(node.value, ast.Dict)):
+            return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    return set()
+
+
+def test_the_layers_named_in_the_brief_are_packages():
+    for layer in LAYERS:
+        assert f"speclab.{layer}" in MODULES, f"speclab/{layer}/ is missing"
+
+
+def test_every_import_inside_speclab_resolves():
+    """A moved module must not leave an import behind that fails only when its code path runs (as
+    ``speclab.family.train`` importing ``.report`` after the acceptance report moved to ``speclab.analysis``)."""
+    bad = []
+    for m in sorted(MODULES):
+        for line, t, names in _imports(m):
+            where = f"{MODULES[m].relative_to(ROOT)}:{line}"
+            if t not in MODULES:
+                bad.append(f"{where}: no module {t}")
+                continue
+            for name in names:
+                if name != "*" and name not in _defined(t) and name not in _exports(t) and f"{t}.{name}" not in MODULES:
+                    bad.append(f"{where}: {t} has no {name}")
+    assert not bad, "\n".join(bad)
+
+
+def _graph() -> dict[str, set[str]]:
+    """module -> the speclab modules it imports, lazily or not. ``from pkg import sub`` is an edge to ``pkg.sub``
+    only: a package is always imported before its modules, and that is not a circle."""
+    g: dict[str, set[str]] = {m: set() for m in MODULES}
+    for m in MODULES:
+        for _, t, names in _imports(m):
+            subs = [f"{t}.{n}" for n in names if f"{t}.{n}" in MODULES]
+            if subs:
+                g[m].update(subs)
+            if not names or len(subs) < len(names):
+                g[m].add(t)
+        g[m].discard(m)
+    return g
+
+
+def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iteratively)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in g:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(g[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in g:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(g[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_the_cycle_finder_finds_a_planted_circle():
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(g) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles_lazy_imports_included():
+    circles = _cycles(_graph())
+    assert not circles, "import circles (a lazy import hides one, it does not remove it):\n" + "\n".join(
+        " <-> ".join(c) for c in circles)
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    bad = []
+    for m in sorted(MODULES):
+        modules_bound = {}  # local name -> speclab module it is bound to
+        for line, t, names in _imports(m):
+            where = f"{MODULES[m].relative_to(ROOT)}:{line}"
+            for name in names:
+                if name.startswith("_") and not name.startswith("__"):
+                    bad.append(f"{where}: from {t} import {name}")
+        for node in ast.walk(_tree(m)):
+            if isinstance(node, ast.ImportFrom):
+                t = _target(m, node)
+                for a in node.names:
+                    if t and f"{t}.{a.name}" in MODULES:
+                        modules_bound[a.asname or a.name] = f"{t}.{a.name}"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("speclab.") and a.asname:
+                        modules_bound[a.asname] = a.name
+        for node in ast.walk(_tree(m)):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in modules_bound and node.attr.startswith("_")
+                    and not node.attr.startswith("__") and modules_bound[node.value.id] != m):
+                bad.append(f"{MODULES[m].relative_to(ROOT)}:{node.lineno}: {modules_bound[node.value.id]}.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
+REF = re.compile(r"`(?::\w+:`)?(speclab(?:\.[A-Za-z_]\w*)+)")  # `speclab.x.y` or :func:`speclab.x.y`
+
+
+def _texts():
+    for p in sorted(PKG.rglob("*.py")):
+        yield p, p.read_text(encoding="utf-8")
+    for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        yield p, p.read_text(encoding="utf-8")
+    for p in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = json.loads(p.read_text(encoding="utf-8"))
+        yield p, "\n".join("".join(c.get("source", [])) for c in nb.get("cells", []))
+
+
+def _exists(ref: str) -> bool:
+    parts = ref.split(".")
+    for i in range(len(parts), 0, -1):
+        name = ".".join(parts[:i])
+        if name not in MODULES:
+            continue
+        obj = importlib.import_module(name)
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_every_speclab_name_in_backticks_exists():
+    pytest.importorskip("gradio")  # the app's modules import it
+    bad = []
+    for path, text in _texts():
+        for line_no, line in enumerate(text.splitlines(), 1):
+            for m in REF.finditer(line):
+                ref = m.group(1)
+                if not _exists(ref):
+                    bad.append(f"{path.relative_to(ROOT)}:{line_no}: {ref}")
+    assert not bad, "names that do not exist (moved or renamed?):\n" + "\n".join(bad)
