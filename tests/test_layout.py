@@ -1,6 +1,6 @@
 """The package's shape, checked from its source: every import inside speclab resolves (a moved module leaves no
 import that only fails when its code path runs), no import circles (lazy imports included), no module reaches
-into another's private names, and every ``speclab.x.y`` named in backticks in the code, the docs and the
+into another's private names, and every dotted speclab name in backticks in the code, the docs and the
 notebooks exists."""
 
 from __future__ import annotations

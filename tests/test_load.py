@@ -12,6 +12,7 @@ import pytest
 from speclab.errors import SpeclabError
 from speclab.load import fingerprint, scrape, shapes, stats, tokens
 from speclab.load.client import RequestRecord
+from speclab.ports import free_port
 
 # ---------------------------------------------------------------- shapes
 
@@ -696,14 +697,6 @@ def _faulty_app():
 
     return Starlette(routes=[Route("/v1/models", models), Route("/metrics", metrics),
                              Route("/v1/completions", completions, methods=["POST"])])
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ import httpx
 import pytest
 
 from speclab.errors import SpeclabError
+from speclab.ports import free_port
 from speclab.serve.inprocess import InProcessServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,12 +43,6 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 SERVE_DEPS = ("fastapi", "uvicorn", "prometheus_client")
 pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in SERVE_DEPS),
                                 reason="needs fastapi, uvicorn and prometheus_client")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServeProcess:

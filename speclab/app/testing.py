@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -49,12 +51,6 @@ def models_for_tests(tmp_dir: str | Path) -> dict[str, str | None]:
     if fam is not None:
         return fam
     return build_tiny_models(tmp_dir)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class AppProcess:

@@ -73,8 +73,9 @@ def calibration_clock(device, threads: int):
     return time.thread_time if device.type == "cpu" and threads == 1 else time.perf_counter
 
 
-def row_bucket(n: int) -> int:
-    """n rounded up to a power of two (kept for callers that group by load level)."""
+def row_level(n: int) -> int:
+    """The load level n rows belong to: n rounded up to a power of two (the cost table and the policies keep
+    their per-level state by it; CUDA graphs bucket rows by their own :func:`speclab.models.cuda_graphs.row_bucket`)."""
     return 1 << max(0, (max(1, n) - 1).bit_length())
 
 
@@ -196,7 +197,7 @@ class OnlineCosts:
         # (table, n, one token or step?) -> T -> how many samples of that kind at n rows there were when (n, T) was
         # last sampled (the newest entry is the kind's count)
         self._at: dict[tuple, dict[int, int]] = {}
-        self._plain_seen: dict[int, int] = {}  # row_bucket -> plain steps timed online there
+        self._plain_seen: dict[int, int] = {}  # row_level -> plain steps timed online there
         self.version = 0  # bumped by every record: policies may cache predictions per version
         self.calibration_s = 0.0  # time spent calibrating (outside any timed region)
         # what the online samples are timed with: the calibration's clock (:meth:`calibrate`), so that each sample's
@@ -229,7 +230,7 @@ class OnlineCosts:
             nothing measured)."""
             if not levels:
                 return 1.0
-            b, one = row_bucket(n), T == 1
+            b, one = row_level(n), T == 1
             if (b, one) in levels:
                 return levels[(b, one)]
             same = [key for key in levels if key[1] == one] or list(levels)
@@ -255,7 +256,7 @@ class OnlineCosts:
         # priced every draft length at it and never drafted on JSON)
         prior = [cal * grid.scale_of(n, T)] * 2 if cal else []
         if cal:  # online vs calibrated at the same shape: rescale this load level's shapes of its kind only calibrated
-            key = (row_bucket(n), T == 1)
+            key = (row_level(n), T == 1)
             ratios = self._ratios.setdefault((name, *key), deque(maxlen=3 * self.window))
             ratios.append(seconds / cal)
             self._scales[name][key] = statistics.median(ratios)
@@ -287,7 +288,7 @@ class OnlineCosts:
         with self.lock:
             self._record("target", self._target, n, T, seconds)
             if T == 1 and not self.frozen:
-                b = row_bucket(n)
+                b = row_level(n)
                 self._plain_seen[b] = self._plain_seen.get(b, 0) + 1
 
     def record_draft(self, n: int, steps: int, seconds: float) -> None:
@@ -301,9 +302,9 @@ class OnlineCosts:
         drafting round (acceptance, rollback and the drafter's commit over k+1 tokens a row), or a plain one."""
         with self.lock:  # by load level: a few samples per level, not one per row count
             if drafted:
-                self._record("overhead", self._over, row_bucket(n), 1, seconds)
+                self._record("overhead", self._over, row_level(n), 1, seconds)
             else:
-                self._record("overhead_plain", self._over_plain, row_bucket(n), 1, seconds)
+                self._record("overhead_plain", self._over_plain, row_level(n), 1, seconds)
 
     def record_draft_prefill(self, tokens: int, seconds: float) -> None:
         """The draft model took in rows of ``tokens`` tokens in all (their prompts and what they generated)."""
@@ -377,7 +378,7 @@ class OnlineCosts:
         sample alone sets the estimate at its shape (the calibrated prior is rescaled by it), so a policy wants
         :data:`PLAIN_SAMPLES` of them (:class:`~speclab.engine.policies.PlainCheck`; the scheduler times every
         steady plain round until a level has them)."""
-        return self._plain_seen.get(row_bucket(n), 0)
+        return self._plain_seen.get(row_level(n), 0)
 
     def snapshot(self) -> dict:
         with self.lock:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,15 +18,10 @@ from pathlib import Path
 import httpx
 
 from ..errors import SpeclabError
+from ..ports import free_port
 
 VLLM_VENV_ENV = "SPECLAB_VLLM_VENV"
 DEFAULT_VLLM_VENV = "/work/vllm-venv"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 PORT_TRIES = 3

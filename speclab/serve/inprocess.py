@@ -3,17 +3,11 @@ Load tab measures by default, and what tests use for servers built around drafte
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 from ..errors import SpeclabError
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ..ports import free_port
 
 
 class InProcessServer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..costs import PLAIN_SAMPLES, row_bucket
+from ..costs import PLAIN_SAMPLES, row_level
 from .base import Choice, PolicyView
 from .tracker import AcceptanceTracker, expected_tokens
 
@@ -281,13 +281,13 @@ class PlainCheck:
 
     def __init__(self, rounds: int = 8):
         self.rounds = rounds
-        self.spent: dict[int, int] = {}  # row_bucket -> plain rounds run to time the plain step there
+        self.spent: dict[int, int] = {}  # row_level -> plain rounds run to time the plain step there
 
     def due(self, costs, n: int) -> bool:
         """Run this round (n rows) at k = 0 to time the plain step? Counts the round when it says yes."""
         if costs is None or costs.frozen or costs.plain_samples(n) >= PLAIN_SAMPLES:
             return False
-        b = row_bucket(n)
+        b = row_level(n)
         used = self.spent.get(b, 0)
         if used >= self.rounds:
             return False
