@@ -77,6 +77,28 @@ def test_bad_input_one_line(tiny, capsys, argv, needle):
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["--policies", "--batches", "abc"], "--batches: 'abc' is not a number"),
+    (["--policies", "--batches", "0"], "--batches wants whole numbers > 0"),
+    (["--policies", "--ks", "0"], "plain decoding, k = 0, is always there"),
+    (["--synthetic", "--ks", "0"], "plain decoding, k = 0, is always there"),
+    (["--synthetic", "--alphas", "x"], "--alphas: 'x' is not a number"),
+    (["--synthetic", "--alphas", "1.5"], "--alphas wants numbers >= 0 and <= 1"),
+    (["--layouts", "--ks", "-1"], "--ks wants whole numbers >= 0"),
+    (["--heads", "--eagle-ks", "0"], "--eagle-ks wants whole numbers > 0"),
+    (["--policies", "--reps", "0"], "--reps must be between 1"),
+    (["--compare", "--prompts-per-workload", "0"], "--prompts-per-workload must be between 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be between 1"),
+    (["--serve-experiment", "--requests", "0"], "--requests must be between 1"),
+    (["--serve", "--max-concurrency", "0"], "--max-concurrency must be between 1"),
+])
+def test_bench_refuses_bad_numbers_in_one_line_before_loading_anything(capsys, argv, needle):
+    """Each was a traceback, a silent default (0 read as 'not given') or a run with nonsense settings."""
+    code, out, err = run(["bench", *argv], capsys)
+    assert code == 2 and needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err and not out
+
+
 def test_empty_prompt(tiny, capsys):
     code, _, err = run(["generate", "--prompt", "  ", "--target", tiny["target"], "--draft", "none"], capsys)
     assert code == 2 and "prompt is empty" in err

@@ -44,6 +44,7 @@ import statistics
 import sys
 import time
 
+from ..limits import MAX_BATCH, MAX_K, parse_numbers
 from ..load.shapes import Budgets, check_spread, spread_lengths
 
 QUICK = dict(batches=(1, 4, 16, 64), fixed_ks=(1, 2, 4), max_new_tokens=32, prompts=4)
@@ -75,12 +76,13 @@ def add_arguments(b) -> None:
                         "(steadier on a shared machine; meaningful with --threads 1)")
 
 
-def _ints(s, default) -> list[int]:
-    return [int(x) for x in str(s).split(",") if x.strip()] if s else list(default)
+def _ints(s, default, what: str, hi: float) -> list[int]:
+    """A comma list of whole numbers >= 1 (batches; fixed k, where k = 0 is plain decoding, always measured)."""
+    return parse_numbers(s, what, integer=True, hi=hi) if s else list(default)
 
 
-def _floats(s, default) -> list[float]:
-    return [float(x) for x in str(s).split(",") if x.strip()] if s else list(default)
+def _floats(s, default, what: str) -> list[float]:
+    return parse_numbers(s, what, lo=0, lo_open=False, hi=1) if s else list(default)
 
 
 def _clock(name: str):
@@ -97,8 +99,9 @@ def _grid(args, synthetic: bool = False) -> dict:
     else:
         g["max_new_tokens"] = min(args.max_new_tokens, QUICK["max_new_tokens"])
     g["prompts"] = args.prompts_per_workload or g["prompts"]
-    g["batches"] = _ints(args.batches, g["batches"])
-    g["fixed_ks"] = _ints(args.ks, g["fixed_ks"])
+    g["batches"] = _ints(args.batches, g["batches"], "--batches", MAX_BATCH)
+    g["fixed_ks"] = _ints(args.ks, g["fixed_ks"], "--ks (fixed k values; plain decoding, k = 0, is always there)",
+                          MAX_K)
     g["reps"] = args.reps or 3
     g["workload"] = args.workload or ("all" if args.full or synthetic else "json,code")
     return g
@@ -595,7 +598,7 @@ def run_synthetic(args) -> int:
     log = _log(args)
     clock = _clock(args.clock)
     target, _ = _setup(args)
-    alphas = _floats(args.alphas, SYNTH["alphas"])
+    alphas = _floats(args.alphas, SYNTH["alphas"], "--alphas")
     ks, levels = g["fixed_ks"], g["batches"]
     c, M, n_prompts = args.cost, g["max_new_tokens"], g["prompts"]
     # prompts cut to their first PROMPT_TOKENS tokens: the text does not matter to a synthetic draft, and short

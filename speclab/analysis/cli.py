@@ -6,7 +6,36 @@ log-loss)."""
 from __future__ import annotations
 
 
+def check_bench_args(args) -> None:
+    """The numbers every ``speclab bench`` mode shares, checked before any model loads: one line for a bad one
+    (each mode parses its lists again; ``--ks`` may hold 0 here, plain decoding, and modes that time only drafting
+    refuse it themselves)."""
+    from ..limits import MAX_BATCH, MAX_K, check_int, check_k, parse_numbers
+
+    if args.reps is not None:
+        check_int("--reps", args.reps, 1, 10_000)
+    if args.prompts_per_workload is not None:
+        check_int("--prompts-per-workload", args.prompts_per_workload, 1, 100_000)
+    if getattr(args, "threads", None) is not None:
+        check_int("--threads", args.threads, 1, 1024)
+    check_int("--max-new-tokens", args.max_new_tokens, 1, 1 << 20)
+    check_k(args.k)
+    if getattr(args, "requests", None) is not None:
+        check_int("--requests", args.requests, 1, 1_000_000)
+    if getattr(args, "max_concurrency", None) is not None:
+        check_int("--max-concurrency", args.max_concurrency, 1, 4096)
+    if args.batches:
+        parse_numbers(args.batches, "--batches", integer=True, hi=MAX_BATCH)
+    if args.ks:
+        parse_numbers(args.ks, "--ks", integer=True, lo=0, lo_open=False, hi=MAX_K)
+    if getattr(args, "alphas", None):
+        parse_numbers(args.alphas, "--alphas", lo=0, lo_open=False, hi=1)
+    if getattr(args, "eagle_ks", None):
+        parse_numbers(args.eagle_ks, "--eagle-ks", integer=True, hi=MAX_K)
+
+
 def cmd_bench(args) -> int:
+    check_bench_args(args)
     if getattr(args, "serve_experiment", False):
         from .serve_experiment import run_from_args as run_serve_experiment
 
