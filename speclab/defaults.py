@@ -27,9 +27,14 @@ def default_draft() -> str:
 
 def setup_threads(threads: int | None, lm=None) -> None:
     """Tiny models on a CPU run fastest on one thread (and several processes on few cores do not
-    fight over spinning OpenMP threads); bigger ones get torch's default."""
+    fight over spinning OpenMP threads); bigger ones get torch's default. ``threads``: None for that choice,
+    else 1-1024 (``--threads``)."""
     import torch
 
+    from .limits import check_int
+
+    if threads is not None:
+        threads = check_int("--threads", threads, 1, 1024)
     if threads:
         torch.set_num_threads(threads)
     elif lm is not None and lm.device.type == "cpu" and lm.num_parameters() < 50_000_000:

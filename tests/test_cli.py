@@ -64,6 +64,8 @@ def test_generate_coloured(tiny, capsys):
     (["-k", "33"], "between 0 and 32"),
     (["--batch", "0"], "batch size must be between 1"),
     (["--max-new-tokens", "300"], "exceeds the context"),
+    (["--threads", "0"], "--threads must be between 1 and 1024"),  # was torch's default, silently
+    (["--threads", "-3"], "--threads must be between 1 and 1024"),  # was a torch RuntimeError traceback
 ])
 def test_bad_input_one_line(tiny, capsys, argv, needle):
     base = {"--target": tiny["target"], "--draft": "ngram"}

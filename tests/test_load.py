@@ -860,6 +860,8 @@ def test_dead_url_cli_fails_fast_with_reasons(tmp_path, capsys):
     capsys.readouterr()
     assert main(["load", "http://127.0.0.1:1", "--length-spread", "1.5", "--quiet"]) == 2
     assert "--length-spread must be in [0, 1), got 1.5" in capsys.readouterr().err
+    assert main(["load", "http://127.0.0.1:1", "--warmup", "-1", "--quiet"]) == 2  # was sent on, as no warm-up
+    assert "--warmup must be >= 0" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- against a real speclab serve

@@ -40,6 +40,8 @@ def cmd_load(args) -> int:
     _positive("--num-requests", args.num_requests, integer=True)
     _positive("--duration", args.duration)
     _positive("--timeout", args.timeout)
+    if args.warmup < 0:
+        raise SpeclabError(f"--warmup must be >= 0 (unrecorded requests sent first), got {args.warmup}")
     if args.temperature < 0:
         raise SpeclabError(f"--temperature must be >= 0, got {args.temperature}")
     extra = parse_json_object(args.extra_body, "--extra-body") if args.extra_body else {}
