@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from speclab.app import core
+from speclab.app import advice, config, decode, jobs, load_tab, sweep, timing
 from speclab.app.testing import AppProcess, build_tiny_models, family_models, models_for_tests
 from speclab.errors import SpeclabError
 
@@ -47,8 +47,8 @@ def client(server):
     return Client(server.url, verbose=False)
 
 
-def decode(client, prompt="def add(a, b):\n    return", target=None, draft=None, k=4, batch=1,
-           fill=core.FILL_WORKLOAD, workload="code", temperature=0.0, top_p=1.0, max_new_tokens=32, seed=0, pace=0,
+def decode_via_api(client, prompt="def add(a, b):\n    return", target=None, draft=None, k=4, batch=1,
+           fill=decode.FILL_WORKLOAD, workload="code", temperature=0.0, top_p=1.0, max_new_tokens=32, seed=0, pace=0,
            rows="all rows", **kw):
     cfg = kw.pop("models")
     out = client.predict(prompt, target or cfg["target"], draft or cfg["draft"], k, batch, fill, workload,
@@ -59,76 +59,77 @@ def decode(client, prompt="def add(a, b):\n    return", target=None, draft=None,
 
 # ------------------------------------------------------------------------------ fast: no server
 def test_config_defaults_to_family_or_given_models(tiny, monkeypatch):
-    cfg = core.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
+    cfg = config.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
     assert cfg.default_target == tiny["target"] and cfg.targets[0] == tiny["target"]
     assert cfg.default_draft == tiny["draft"]
     assert cfg.drafts[-2:] == ("ngram", "none") and not cfg.allow_custom_models
     fam = family_models()
     if fam is not None:  # with the family shipped, a bare app offers it
-        bare = core.AppConfig.build()
+        bare = config.AppConfig.build()
         assert bare.default_target == fam["target"]
         assert fam["draft"] in bare.drafts and bare.default_draft != "none"
     monkeypatch.setenv("SPECLAB_TARGET", tiny["target"])
     monkeypatch.setenv("SPECLAB_DRAFTS", f"{tiny['draft']},{tiny['mismatch']}")
     monkeypatch.setenv("SPECLAB_ALLOW_CUSTOM_MODELS", "1")
-    env = core.AppConfig.from_env()
+    env = config.AppConfig.from_env()
     assert env.default_target == tiny["target"] and env.allow_custom_models
     assert tiny["mismatch"] in env.drafts
-    assert core.AppConfig.from_env(target="other").default_target == "other"  # a flag beats the env
+    assert config.AppConfig.from_env(target="other").default_target == "other"  # a flag beats the env
 
 
 def test_validate_decode_ranges(tiny):
-    cfg = core.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
+    cfg = config.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
     ok = dict(prompt="hi", target=tiny["target"], draft="ngram", k=4, batch=2, temperature=0.7, top_p=0.9,
               max_new_tokens=16, seed=3)
-    s = core.validate_decode(cfg, **ok)
+    s = decode.validate_decode(cfg, **ok)
     assert (s.k, s.batch, s.max_new_tokens, s.seed) == (4, 2, 16, 3) and isinstance(s.k, int)
-    assert core.validate_decode(cfg, **{**ok, "k": 4.0}).k == 4  # sliders send floats
-    bad = {"prompt": ["", "   ", None, "x" * (core.MAX_PROMPT_CHARS + 1)], "k": [-1, 17, 2.5, "abc", None, True],
-           "batch": [0, core.MAX_BATCH + 1], "temperature": [-0.1, 2.5, float("nan")], "top_p": [0, -1, 1.5],
-           "top_k": [-1, 1.5, core.MAX_TOP_K + 1, "x"], "policy": ["bogus", 3],
-           "max_new_tokens": [0, core.MAX_NEW_TOKENS + 1], "seed": [-1, 1.5],
+    assert decode.validate_decode(cfg, **{**ok, "k": 4.0}).k == 4  # sliders send floats
+    bad = {"prompt": ["", "   ", None, "x" * (decode.MAX_PROMPT_CHARS + 1)], "k": [-1, 17, 2.5, "abc", None, True],
+           "batch": [0, config.MAX_BATCH + 1], "temperature": [-0.1, 2.5, float("nan")], "top_p": [0, -1, 1.5],
+           "top_k": [-1, 1.5, decode.MAX_TOP_K + 1, "x"], "policy": ["bogus", 3],
+           "max_new_tokens": [0, config.MAX_NEW_TOKENS + 1], "seed": [-1, 1.5],
            "draft": ["bogus", "/etc", "", None], "target": ["nope", ""]}
     for key, values in bad.items():
         for v in values:
             with pytest.raises(SpeclabError):
-                core.validate_decode(cfg, **{**ok, key: v})
+                decode.validate_decode(cfg, **{**ok, key: v})
 
 
 def test_custom_models_need_the_flag(tiny):
-    strict = core.AppConfig.build(target=tiny["target"], draft="ngram")
+    strict = config.AppConfig.build(target=tiny["target"], draft="ngram")
     with pytest.raises(SpeclabError, match="allow-custom-models"):
-        core.check_model_choice(strict, tiny["draft"], "draft")
-    loose = core.AppConfig.build(target=tiny["target"], draft="ngram", allow_custom_models=True)
-    assert core.check_model_choice(loose, tiny["draft"], "draft") == tiny["draft"]
-    assert core.check_model_choice(loose, "NONE", "draft") == "none"
+        config.check_model_choice(strict, tiny["draft"], "draft")
+    loose = config.AppConfig.build(target=tiny["target"], draft="ngram", allow_custom_models=True)
+    assert config.check_model_choice(loose, tiny["draft"], "draft") == tiny["draft"]
+    assert config.check_model_choice(loose, "NONE", "draft") == "none"
 
 
 def test_no_target_is_a_message_not_a_crash(monkeypatch):
-    monkeypatch.setattr(core, "_family", lambda: [])
-    cfg = core.AppConfig.build()
+    monkeypatch.setattr(config, "_family", lambda: [])
+    cfg = config.AppConfig.build()
     assert cfg.targets == () and cfg.default_target is None and cfg.default_draft == "ngram"
     with pytest.raises(SpeclabError, match="--target"):
-        core.validate_decode(cfg, "hello", None, "ngram", 2, 1, 0, 1, 8, 0)
+        decode.validate_decode(cfg, "hello", None, "ngram", 2, 1, 0, 1, 8, 0)
 
 
 def test_batch_rows_and_sweep_validation(tiny):
-    cfg = core.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
-    s = core.validate_decode(cfg, "my prompt", tiny["target"], "ngram", 2, 3, 0, 1, 8, 0, core.FILL_WORKLOAD, "code")
-    rows = core.batch_prompts(s)
+    cfg = config.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
+    s = decode.validate_decode(cfg, "my prompt", tiny["target"], "ngram", 2, 3, 0, 1, 8, 0, decode.FILL_WORKLOAD,
+                               "code")
+    rows = decode.batch_prompts(s)
     assert len(rows) == 3 and rows[0] == "my prompt" and rows[1] != "my prompt"
-    s2 = core.validate_decode(cfg, "my prompt", tiny["target"], "ngram", 2, 3, 0, 1, 8, 0, core.FILL_COPIES)
-    assert core.batch_prompts(s2) == ["my prompt"] * 3
-    sw = core.validate_sweep(cfg, tiny["target"], ["code"], ["ngram", "none"], [2, "4"], [1, 2], 2, 8, 0)
+    s2 = decode.validate_decode(cfg, "my prompt", tiny["target"], "ngram", 2, 3, 0, 1, 8, 0, decode.FILL_COPIES)
+    assert decode.batch_prompts(s2) == ["my prompt"] * 3
+    sw = sweep.validate_sweep(cfg, tiny["target"], ["code"], ["ngram", "none"], [2, "4"], [1, 2], 2, 8, 0)
     assert sw.drafts == ("ngram",) and sw.ks == (2, 4) and sw.cells == 2 * (1 + 2)
     for bad in (dict(workloads=[]), dict(workloads=["nope"]), dict(drafts=["none"]), dict(ks=[0]), dict(ks=[99]),
-                dict(batches=[core.MAX_BATCH + 1]),
-                dict(ks=core.SWEEP_KS, batches=core.SWEEP_BATCHES, workloads=["code", "json", "copy"])):
+                dict(batches=[config.MAX_BATCH + 1]),
+                dict(ks=sweep.SWEEP_KS, batches=sweep.SWEEP_BATCHES, workloads=["code", "json", "copy"])):
         args = dict(workloads=["code"], drafts=["ngram"], ks=[2], batches=[1])
         args.update(bad)
         with pytest.raises(SpeclabError):
-            core.validate_sweep(cfg, tiny["target"], args["workloads"], args["drafts"], args["ks"], args["batches"],
-                                2, 8, 0)
+            sweep.validate_sweep(cfg, tiny["target"], args["workloads"], args["drafts"], args["ks"], args["batches"],
+                                 2, 8, 0)
 
 
 def test_drafters_are_per_run_models_shared(tiny):
@@ -142,9 +143,9 @@ def test_drafters_are_per_run_models_shared(tiny):
 
 
 def test_run_decode_streams_then_measures_baseline(tiny):
-    cfg = core.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
-    s = core.validate_decode(cfg, "def f(x):", tiny["target"], tiny["draft"], 3, 2, 0, 1, 24, 0, pace_ms=1)
-    views = [(v.phase, len(v.tokens)) for v in core.run_decode(cfg, s)]
+    cfg = config.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
+    s = decode.validate_decode(cfg, "def f(x):", tiny["target"], tiny["draft"], 3, 2, 0, 1, 24, 0, pace_ms=1)
+    views = [(v.phase, len(v.tokens)) for v in decode.run_decode(cfg, s)]
     assert views[0][0] == "speculative" and views[-1][0] == "done"
     assert sum(1 for p, _ in views if p == "speculative") >= 3  # streamed round by round
     assert ("baseline", 2) in views
@@ -166,11 +167,11 @@ def test_stop_gate_ends_the_run_before_stop_returns():
         finally:
             closed.set()
 
-    gate = core.StopGate()
+    gate = jobs.StopGate()
     seen, done = [], threading.Event()
 
     def page():
-        for u in core.StopGate.guard(updates(), gate):
+        for u in jobs.StopGate.guard(updates(), gate):
             seen.append(u)
             time.sleep(0.02)  # the update on its way to the page
         done.set()
@@ -186,10 +187,10 @@ def test_stop_gate_ends_the_run_before_stop_returns():
     assert len(seen) == n < 1000
     # a run that begins right after Stop (Gradio sends the control change it kept during the run as soon
     # as the stream closes) was asked for before Stop: refused, nothing reaches the page
-    assert list(core.StopGate.guard(iter(range(3)), gate)) == []
+    assert list(jobs.StopGate.guard(iter(range(3)), gate)) == []
     # once the quiet window has passed, the next run on the same page starts unstopped
-    time.sleep(core.StopGate.QUIET_S + 0.05)
-    assert list(core.StopGate.guard(iter(range(3)), gate)) == [0, 1, 2]
+    time.sleep(jobs.StopGate.QUIET_S + 0.05)
+    assert list(jobs.StopGate.guard(iter(range(3)), gate)) == [0, 1, 2]
     # a page's copy is a fresh gate; no run: returns at once
     fresh = copy.deepcopy(gate)
     assert fresh is not gate and fresh.stop(timeout=0)
@@ -205,11 +206,11 @@ def test_stop_says_stopped_again_after_late_updates_unless_a_run_goes():
 
     from speclab.app import ui
 
-    gate = core.StopGate()
+    gate = jobs.StopGate()
     t = time.monotonic()
     assert ui._restate(gate, "⏹ stopped") == "⏹ stopped"
-    assert 0.5 * core.StopGate.QUIET_S <= time.monotonic() - t < core.StopGate.QUIET_S  # before a new run may start
-    running = core.StopGate()
+    assert 0.5 * jobs.StopGate.QUIET_S <= time.monotonic() - t < jobs.StopGate.QUIET_S  # before a new run may start
+    running = jobs.StopGate()
     assert running.begin() and not running.idle
     assert isinstance(ui._restate(running, "⏹ stopped"), type(gr.skip()))
 
@@ -264,7 +265,7 @@ def test_spaces_decorator_is_a_noop_without_spaces():
 # ------------------------------------------------------------------------------ slow: the running app
 @pytest.mark.slow
 def test_decode_endpoint_returns_tokens_and_metrics(client, models):
-    status, cards, html, res = decode(client, models=models, k=4, batch=2, max_new_tokens=40)
+    status, cards, html, res = decode_via_api(client, models=models, k=4, batch=2, max_new_tokens=40)
     assert res["error"] is None, res
     assert status.startswith("✓") and "speedup" in status
     assert len(res["tokens"]) == 2 and len(res["prompts"]) == 2
@@ -286,14 +287,14 @@ def test_decode_endpoint_returns_tokens_and_metrics(client, models):
     assert "tok-accepted" in html and "tok-rejected" in html and "speedup vs k=0" in cards
     # the baseline reproduces the speculative output exactly (greedy)
     spec_ids = [[t["token"] for t in row if t["status"] != "rejected"] for row in res["tokens"]]
-    _, _, _, base = decode(client, models=models, draft="none", k=4, batch=2, max_new_tokens=40)
+    _, _, _, base = decode_via_api(client, models=models, draft="none", k=4, batch=2, max_new_tokens=40)
     assert [[t["token"] for t in row] for row in base["tokens"]] == spec_ids
     assert base["speedup"] == pytest.approx(1.0) and base["metrics"]["mean_accepted_length"] == 1.0
 
 
 @pytest.mark.slow
 def test_decode_streams_updates(client, models):
-    job = client.submit("def area(r):", models["target"], models["draft"], 2, 1, core.FILL_COPIES, "code", 0.0,
+    job = client.submit("def area(r):", models["target"], models["draft"], 2, 1, decode.FILL_COPIES, "code", 0.0,
                         1.0, 24, 0, 20, "all rows", api_name="/decode")
     final = job.result(timeout=120)
     assert final[3]["error"] is None
@@ -319,11 +320,11 @@ def test_bad_input_is_a_message_and_the_app_keeps_serving(client, models, server
     if models.get("mismatch"):
         cases.append((dict(draft=models["mismatch"]), "different tokenizers"))
     for kw, expected in cases:
-        status, _, _, res = decode(client, models=models, **kw)
+        status, _, _, res = decode_via_api(client, models=models, **kw)
         assert expected in res["error"], (kw, res)
         assert expected in status and "Traceback" not in status
     assert server.alive()
-    _, _, _, res = decode(client, models=models, max_new_tokens=8)
+    _, _, _, res = decode_via_api(client, models=models, max_new_tokens=8)
     assert res["error"] is None and res["tokens"][0]
 
 
@@ -335,7 +336,7 @@ def test_concurrent_sessions_get_their_own_runs(server, models):
     out = {}
 
     def go(name, c, k, batch, prompt):
-        out[name] = c.predict(prompt, models["target"], models["draft"], k, batch, core.FILL_COPIES, "code", 0.0,
+        out[name] = c.predict(prompt, models["target"], models["draft"], k, batch, decode.FILL_COPIES, "code", 0.0,
                               1.0, 16, 0, 5, "all rows", api_name="/decode")[3]
 
     ts = [threading.Thread(target=go, args=("a", a, 2, 1, "import os\n")),
@@ -393,10 +394,10 @@ def test_timing_endpoint(client, models):
 def test_timing_ttfts_agree_on_a_warm_process(models):
     """Speculation does nothing for the prefill: after a warm-up, interleaved repeats give the baseline and
     the speculative run the same TTFT within noise (the first-run penalty used to land on the baseline)."""
-    cfg = core.AppConfig.build(target=models["target"], draft=models["draft"])
+    cfg = config.AppConfig.build(target=models["target"], draft=models["draft"])
     prompt = '{"name": "Ada", "email": "ada@example.com", "city": "'
-    s = core.validate_decode(cfg, prompt, models["target"], models["draft"], 4, 1, 0.0, 1.0, 24, 0)
-    r = core.run_timing(cfg, s, repeats=5)
+    s = decode.validate_decode(cfg, prompt, models["target"], models["draft"], 4, 1, 0.0, 1.0, 24, 0)
+    r = timing.run_timing(cfg, s, repeats=5)
     base, spec = r["ttft"]["ttft_ms"].tolist()
     assert list(r["ttft"]["repeats"]) == [5, 5]
     assert abs(base - spec) <= max(2.0, 0.5 * max(base, spec)), (base, spec)
@@ -406,52 +407,52 @@ def test_timing_ttfts_agree_on_a_warm_process(models):
 @pytest.mark.slow
 def test_advisor_endpoint(client):
     status, verdicts, chart, rubric, notes = client.predict(
-        core.ACCEPTANCE_TYPED, "json:0.85,creative:0.08", None, "h100", "llama-3.1-8b", core.DRAFT_BY_COST, 0.05,
+        advice.ACCEPTANCE_TYPED, "json:0.85,creative:0.08", None, "h100", "llama-3.1-8b", advice.DRAFT_BY_COST, 0.05,
         4, 8, 0, 0, 256, api_name="/advise")
     assert status.startswith("✓"), status
     rows = {r[0]: r for r in verdicts["data"]}
     assert rows["json"][1] == "enable" and rows["creative"][1] == "do not enable"
     assert "low acceptance" in rows["creative"][2]
     assert chart["type"] == "altair" and rubric["data"] and "Not covered" in notes
-    bad = client.predict(core.ACCEPTANCE_TYPED, "json:1.7", None, "h100", "llama-3.1-8b", core.DRAFT_BY_COST, 0.05,
+    bad = client.predict(advice.ACCEPTANCE_TYPED, "json:1.7", None, "h100", "llama-3.1-8b", advice.DRAFT_BY_COST, 0.05,
                          4, 8, 0, 0, 256, api_name="/advise")
     assert "⚠" in bad[0] and "json" in bad[0]
-    bad = client.predict(core.ACCEPTANCE_SHIPPED, "", None, "tpu-v9", "llama-3.1-8b", core.DRAFT_BY_COST, 0.05,
+    bad = client.predict(advice.ACCEPTANCE_SHIPPED, "", None, "tpu-v9", "llama-3.1-8b", advice.DRAFT_BY_COST, 0.05,
                          4, 8, 0, 0, 256, api_name="/advise")
     assert "unknown hardware" in bad[0]
 
 
 def test_load_validation(models):
-    cfg = core.AppConfig.build(target=models["target"], draft=models["draft"])
-    ok = dict(server=core.LOAD_IN_PROCESS, url="", target=models["target"], draft=models["draft"],
+    cfg = config.AppConfig.build(target=models["target"], draft=models["draft"])
+    ok = dict(server=load_tab.LOAD_IN_PROCESS, url="", target=models["target"], draft=models["draft"],
               policies=["off", "fixed"], k=4, levels=[4, 1], workload="json", requests=4, max_tokens=16)
-    s = core.validate_load(cfg, **ok)
+    s = load_tab.validate_load(cfg, **ok)
     assert s.levels == (1, 4) and s.cells == 4 and s.url is None
-    bad = {"server": ["bogus", core.LOAD_REMOTE], "policies": [[], ["bogus"]], "levels": [[], [0], [999]],
+    bad = {"server": ["bogus", load_tab.LOAD_REMOTE], "policies": [[], ["bogus"]], "levels": [[], [0], [999]],
            "workload": ["nope"], "requests": [0], "k": [0, 99]}
     for key, values in bad.items():
         for v in values:
             with pytest.raises(SpeclabError):
-                core.validate_load(cfg, **{**ok, key: v})
+                load_tab.validate_load(cfg, **{**ok, key: v})
     with pytest.raises(SpeclabError, match="allow-remote-servers"):
-        core.validate_load(cfg, **{**ok, "server": core.LOAD_REMOTE, "url": "http://127.0.0.1:9"})
-    remote = core.AppConfig.build(target=models["target"], draft=models["draft"], allow_remote_servers=True)
-    assert core.validate_load(remote, **{**ok, "server": core.LOAD_REMOTE,
-                                         "url": "http://127.0.0.1:9/v1"}).url == "http://127.0.0.1:9"
+        load_tab.validate_load(cfg, **{**ok, "server": load_tab.LOAD_REMOTE, "url": "http://127.0.0.1:9"})
+    remote = config.AppConfig.build(target=models["target"], draft=models["draft"], allow_remote_servers=True)
+    assert load_tab.validate_load(remote, **{**ok, "server": load_tab.LOAD_REMOTE,
+                                             "url": "http://127.0.0.1:9/v1"}).url == "http://127.0.0.1:9"
     with pytest.raises(SpeclabError, match="URL"):
-        core.validate_load(remote, **{**ok, "server": core.LOAD_REMOTE, "url": "ftp://x"})
+        load_tab.validate_load(remote, **{**ok, "server": load_tab.LOAD_REMOTE, "url": "ftp://x"})
 
 
 @pytest.mark.slow
 def test_load_tab_measures_its_own_server_and_reads_the_pacing(models):
     """The Load tab's job: speclab serve started in this process per policy, speclab load at two levels; plain
     decoding reads smooth, fixed-k speculation bursty, and the acceptance comes from /metrics."""
-    cfg = core.AppConfig.build(target=models["target"], draft=models["draft"])
-    s = core.validate_load(cfg, core.LOAD_IN_PROCESS, "", models["target"], models["draft"], ["off", "fixed"], 4,
-                           [1, 2], "json", 3, 32)
-    job = core.LoadJob(cfg, s).start()
+    cfg = config.AppConfig.build(target=models["target"], draft=models["draft"])
+    s = load_tab.validate_load(cfg, load_tab.LOAD_IN_PROCESS, "", models["target"], models["draft"],
+                               ["off", "fixed"], 4, [1, 2], "json", 3, 32)
+    job = load_tab.LoadJob(cfg, s).start()
     assert job.wait(300) and job.error is None, job.error
-    table, acc = core.load_tables(job.results)
+    table, acc = load_tab.load_tables(job.results)
     assert set(table["policy"]) == {"off", "fixed"} and len(table) == 4
     assert (table["failed"] == 0).all() and (table["tok_s"] > 0).all()
     assert set(table[table["policy"] == "off"]["verdict"]) == {"plain"}
@@ -460,10 +461,10 @@ def test_load_tab_measures_its_own_server_and_reads_the_pacing(models):
 
 
 def test_load_tab_dead_server_is_one_line(models):
-    cfg = core.AppConfig.build(target=models["target"], draft=models["draft"], allow_remote_servers=True)
-    s = core.validate_load(cfg, core.LOAD_REMOTE, "http://127.0.0.1:9", models["target"], models["draft"], [], 4,
-                           [1], "json", 1, 8)
-    job = core.LoadJob(cfg, s).start()
+    cfg = config.AppConfig.build(target=models["target"], draft=models["draft"], allow_remote_servers=True)
+    s = load_tab.validate_load(cfg, load_tab.LOAD_REMOTE, "http://127.0.0.1:9", models["target"], models["draft"],
+                               [], 4, [1], "json", 1, 8)
+    job = load_tab.LoadJob(cfg, s).start()
     assert job.wait(120)
     assert isinstance(job.error, SpeclabError) and "failed" in str(job.error) and "\n" not in str(job.error)
 
@@ -476,18 +477,18 @@ def test_tree_decode_draws_the_rounds(models):
 
     if not any(h["name"] == "eagle" for h in list_heads()):
         pytest.skip("no shipped EAGLE head")
-    cfg = core.AppConfig.build()
+    cfg = config.AppConfig.build()
     assert {"eagle", "early-exit"} <= set(cfg.drafts)
-    s = core.validate_decode(cfg, '{"name": "', cfg.default_target, "eagle", 8, 1, 0.0, 1.0, 24, 0,
-                             tree="dynamic", nodes=8)
+    s = decode.validate_decode(cfg, '{"name": "', cfg.default_target, "eagle", 8, 1, 0.0, 1.0, 24, 0,
+                               tree="dynamic", nodes=8)
     assert s.drafter_spec == "eagle:tree=dynamic:nodes=8"
-    view = list(core.run_decode(cfg, s))[-1].to_dict()
+    view = list(decode.run_decode(cfg, s))[-1].to_dict()
     assert view["trees"] and all(len(t["tree"]["tokens"]) <= 8 for t in view["trees"])
     svg = ui._tree_html(cfg, view, ui.ALL_ROWS, 1)
     assert "<svg" in svg and "#1a7f37" in svg and "round" in svg
     assert "No token trees" in ui._tree_html(cfg, {"trees": []}, ui.ALL_ROWS, 1)
     with pytest.raises(SpeclabError, match="chains only"):
-        core.validate_decode(cfg, "x", cfg.default_target, "early-exit", 4, 1, 0.0, 1.0, 8, 0, tree="static")
+        decode.validate_decode(cfg, "x", cfg.default_target, "early-exit", 4, 1, 0.0, 1.0, 8, 0, tree="static")
 
 
 def test_stop_gate_refuses_a_run_that_begins_while_stop_waits():
@@ -495,16 +496,16 @@ def test_stop_gate_refuses_a_run_that_begins_while_stop_waits():
     the old run: it must end at once, not clear the stop and keep the old run (and Stop) going."""
     import time
 
-    gate = core.StopGate()
-    old = core.StopGate.guard(iter(range(3)), gate)
+    gate = jobs.StopGate()
+    old = jobs.StopGate.guard(iter(range(3)), gate)
     assert next(old) == 0  # the old run's update is on its way to the page: it has not ended yet
     stopped = []
     t = threading.Thread(target=lambda: stopped.append(gate.stop(timeout=5)), daemon=True)
     t.start()
     time.sleep(0.05)  # Stop is waiting for the old run
     assert not stopped
-    assert list(core.StopGate.guard(iter(range(3)), gate)) == []  # the late run: refused
-    assert list(core.StopGate.guard(iter(range(3)), gate, refused="no change")) == ["no change"]
+    assert list(jobs.StopGate.guard(iter(range(3)), gate)) == []  # the late run: refused
+    assert list(jobs.StopGate.guard(iter(range(3)), gate, refused="no change")) == ["no change"]
     assert list(old) == []  # resumed, the old run sees the stop (not cleared by the late run) and ends
     t.join(5)
     assert stopped == [True]

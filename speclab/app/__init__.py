@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from ..errors import SpeclabError
-    from .core import AppConfig
+    from .config import AppConfig
     from .ui import CSS
     from .ui import build_demo as _build
 

@@ -18,8 +18,8 @@ import gradio as gr
 
 from .. import viz
 from ..errors import SpeclabError
-from . import core
-from .core import DEFAULT_K, DEFAULT_POLICY, DEFAULT_WORKLOAD, AppConfig
+from . import advice, config, decode, jobs, load_tab, models, sweep, timing
+from .config import DEFAULT_K, DEFAULT_POLICY, DEFAULT_WORKLOAD, AppConfig
 
 log = logging.getLogger("speclab.app")
 
@@ -110,23 +110,23 @@ def _stop_button(stop_btn, gate, status, said: str, cancels: list) -> None:
         lambda g: _restate(g, said), gate, status, api_visibility="private")
 
 
-def _stop(gate: core.StopGate, said: str) -> str:
+def _stop(gate: jobs.StopGate, said: str) -> str:
     """Stop: end the tab's run, then say so (after its last update, never before)."""
     if gate.stop():
         return said
     return said + " (still finishing its current step)"
 
 
-def _restate(gate: core.StopGate, said: str):
+def _restate(gate: jobs.StopGate, said: str):
     """Say "stopped" again a moment after Stop. An update the run yielded just before Stop travels on the run's own
     stream, and the page may get it after Stop's answer, which travels on another: in CI a round's status landed
     after "stopped" and the page said "decoding" for good. Safe: the gate refuses runs for ``QUIET_S`` after a stop,
     so no new run's status can be overwritten this soon; if one is going anyway, nothing is said."""
-    time.sleep(0.6 * core.StopGate.QUIET_S)
+    time.sleep(0.6 * jobs.StopGate.QUIET_S)
     return said if gate.idle else gr.skip()
 
 
-def _status(view: core.RunView) -> str:
+def _status(view: decode.RunView) -> str:
     s = view.settings
     pol = f", policy {s.policy}" if s.policy != "fixed" else ""
     what = f"**{_label(s.draft)}** k={s.k}{pol}" if s.speculative else "**baseline** (no draft)"
@@ -167,8 +167,8 @@ def _example_choices(examples: dict, workload: str | None) -> list[tuple[str, st
 
 
 def _label(name: str) -> str:
-    if name in core.DRAFT_LABELS:
-        return core.DRAFT_LABELS[name]
+    if name in config.DRAFT_LABELS:
+        return config.DRAFT_LABELS[name]
     return os.path.basename(os.path.normpath(name)) if os.path.isdir(name) else name
 
 
@@ -180,7 +180,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
     # the first screen opens on a workload where speculation pays on the embedded family (JSON records)
     first_wl = DEFAULT_WORKLOAD if DEFAULT_WORKLOAD in workloads else (workloads[0] if workloads else None)
     first_prompt = examples[first_wl][0].prompt if first_wl else "def fibonacci(n):\n"
-    policies = core.policy_names()
+    policies = config.policy_names()
     custom = cfg.allow_custom_models
     custom_info = " · or type a local directory / hub id" if custom else ""
     target_choices = [(_label(t), t) for t in cfg.targets]
@@ -217,7 +217,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                                                          info="embedded drafts, heads on the target, ngram "
                                                          "prompt lookup, or none" + custom_info))
                         with gr.Row():
-                            k = _lenient(gr.Slider(0, core.MAX_K, value=DEFAULT_K, step=1,
+                            k = _lenient(gr.Slider(0, config.MAX_K, value=DEFAULT_K, step=1,
                                                    label="k (draft tokens per round; the largest k for an "
                                                    "adaptive policy)", elem_id="k", scale=2))
                             policy = _lenient(gr.Dropdown(policies, value=DEFAULT_POLICY if DEFAULT_POLICY in policies
@@ -225,21 +225,21 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                                                           info="how k is chosen each round", elem_id="policy",
                                                           scale=1))
                         with gr.Row():
-                            tree = _lenient(gr.Radio(list(core.TREE_SHAPES), value="chain", label="proposal",
+                            tree = _lenient(gr.Radio(list(decode.TREE_SHAPES), value="chain", label="proposal",
                                                      info="a chain of k drafts, or a token tree verified in one "
                                                      "pass", elem_id="tree-shape", scale=2))
-                            nodes = _lenient(gr.Slider(2, core.MAX_NODES, value=8, step=1, label="tree nodes",
+                            nodes = _lenient(gr.Slider(2, decode.MAX_NODES, value=8, step=1, label="tree nodes",
                                                        scale=1))
-                        batch = _lenient(gr.Slider(1, core.MAX_BATCH, value=1, step=1, label="batch size"))
-                        fill = gr.Radio([core.FILL_WORKLOAD, core.FILL_COPIES], value=core.FILL_WORKLOAD,
+                        batch = _lenient(gr.Slider(1, config.MAX_BATCH, value=1, step=1, label="batch size"))
+                        fill = gr.Radio([decode.FILL_WORKLOAD, decode.FILL_COPIES], value=decode.FILL_WORKLOAD,
                                         label="rows after the first (batch > 1)")
                         with gr.Accordion("sampling", open=False):
-                            temperature = _lenient(gr.Slider(0, core.MAX_TEMPERATURE, value=0.0, step=0.05,
+                            temperature = _lenient(gr.Slider(0, config.MAX_TEMPERATURE, value=0.0, step=0.05,
                                                              label="temperature (0 = greedy)"))
                             top_p = _lenient(gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p"))
-                            top_k = _lenient(gr.Slider(0, core.MAX_TOP_K, value=0, step=1, label="top-k (0 = off)",
+                            top_k = _lenient(gr.Slider(0, decode.MAX_TOP_K, value=0, step=1, label="top-k (0 = off)",
                                                        elem_id="top-k"))
-                            max_new = _lenient(gr.Slider(1, core.MAX_NEW_TOKENS, value=64, step=1,
+                            max_new = _lenient(gr.Slider(1, config.MAX_NEW_TOKENS, value=64, step=1,
                                                          label="max new tokens"))
                             seed = _lenient(gr.Number(0, label="seed", precision=0, minimum=0))
                             pace = _lenient(gr.Slider(0, 500, value=0, step=10,
@@ -259,7 +259,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 with gr.Accordion("raw result (JSON, as returned by the API)", open=False):
                     result = gr.JSON(label="result")
                 state = gr.State(None)
-                gate = gr.State(core.StopGate)  # Stop waits on it, so no late round overwrites "stopped"
+                gate = gr.State(jobs.StopGate)  # Stop waits on it, so no late round overwrites "stopped"
 
                 decode_inputs = [prompt, target, draft, k, batch, fill, workload, temperature, top_p, max_new, seed,
                                  pace, rows, top_k, policy, tree, nodes, gate]
@@ -271,14 +271,14 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                             auto_run=False):
                     updates = _decode_updates(prompt_, target_, draft_, k_, batch_, fill_, workload_, temp_, top_p_,
                                               max_new_, seed_, pace_, rows_, top_k_, policy_, tree_, nodes_, auto_run)
-                    yield from core.StopGate.guard(updates, gate_, tuple(gr.skip() for _ in decode_outputs))
+                    yield from jobs.StopGate.guard(updates, gate_, tuple(gr.skip() for _ in decode_outputs))
 
                 def _decode_updates(prompt_, target_, draft_, k_, batch_, fill_, workload_, temp_, top_p_, max_new_,
                                     seed_, pace_, rows_, top_k_, policy_, tree_, nodes_, auto_run):
                     try:
-                        s = core.validate_decode(cfg, prompt_, target_, draft_, k_, batch_, temp_, top_p_,
-                                                 max_new_, seed_, fill_, workload_, pace_, top_k_, policy_, tree_,
-                                                 nodes_)
+                        s = decode.validate_decode(cfg, prompt_, target_, draft_, k_, batch_, temp_, top_p_,
+                                                   max_new_, seed_, fill_, workload_, pace_, top_k_, policy_, tree_,
+                                                   nodes_)
                     except SpeclabError as e:
                         if auto_run:  # a control moved with no valid run to redo: stay quiet
                             yield tuple(gr.skip() for _ in decode_outputs)
@@ -292,7 +292,7 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                     yield (f"▶ loading `{s.target}`" + (f" and `{s.draft}`" if s.speculative else "") + "…",
                            viz.metric_cards_html(None, None, "speculative"), gr.skip(), gr.skip(), gr.skip(),
                            row_update, gr.skip(), gr.skip(), gr.skip())
-                    runs = core.run_decode(cfg, s)
+                    runs = decode.run_decode(cfg, s)
                     try:
                         for view in runs:
                             d = view.to_dict()
@@ -373,12 +373,12 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                         [c for c in draft_choices if c[1] != "none"],
                         value=[d for d in (cfg.default_draft, "ngram") if d != "none"][:2], label="drafts"))
                 with gr.Row():
-                    sw_ks = _lenient(gr.CheckboxGroup(core.SWEEP_KS, value=[2, 4, 8], label="k values"))
-                    sw_batches = _lenient(gr.CheckboxGroup(core.SWEEP_BATCHES, value=[1, 4], label="batch sizes"))
+                    sw_ks = _lenient(gr.CheckboxGroup(sweep.SWEEP_KS, value=[2, 4, 8], label="k values"))
+                    sw_batches = _lenient(gr.CheckboxGroup(sweep.SWEEP_BATCHES, value=[1, 4], label="batch sizes"))
                 with gr.Row():
                     sw_prompts = _lenient(gr.Slider(1, 32, value=4, step=1, label="prompts per workload"))
                     sw_max_new = _lenient(gr.Slider(1, 128, value=32, step=1, label="max new tokens"))
-                    sw_temp = _lenient(gr.Slider(0, core.MAX_TEMPERATURE, value=0.0, step=0.05, label="temperature"))
+                    sw_temp = _lenient(gr.Slider(0, config.MAX_TEMPERATURE, value=0.0, step=0.05, label="temperature"))
                 with gr.Row():
                     sw_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
                     sw_stop = gr.Button("Stop", variant="stop")
@@ -397,24 +397,24 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 sweep_inputs = [sw_target, sw_wl, sw_drafts, sw_ks, sw_batches, sw_prompts, sw_max_new, sw_temp]
                 sweep_outputs = [sw_status, p_acc, p_k, p_batch, p_pos, sw_table, sw_cross, sw_csv]
 
-                sw_gate = gr.State(core.StopGate)
+                sw_gate = gr.State(jobs.StopGate)
 
                 @gpu(600)
                 def _sweep(target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_, gate_=None,
                            progress=gr.Progress()):
                     updates = _sweep_updates(target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_,
                                              progress)
-                    yield from core.StopGate.guard(updates, gate_, tuple(gr.skip() for _ in sweep_outputs))
+                    yield from jobs.StopGate.guard(updates, gate_, tuple(gr.skip() for _ in sweep_outputs))
 
                 def _sweep_updates(target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_, progress):
                     skip = tuple(gr.skip() for _ in sweep_outputs[1:])
                     try:
-                        s = core.validate_sweep(cfg, target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_)
+                        s = sweep.validate_sweep(cfg, target_, wl_, drafts_, ks_, batches_, prompts_, max_new_, temp_)
                     except SpeclabError as e:
                         gr.Warning(str(e))
                         yield (_error_md(str(e)),) + skip
                         return
-                    job = core.SweepJob(cfg, s).start()
+                    job = sweep.SweepJob(cfg, s).start()
                     try:
                         t0 = time.perf_counter()
                         while not job.wait(0.5):
@@ -448,8 +448,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                         tm_draft = _lenient(gr.Dropdown([c for c in draft_choices if c[1] != "none"],
                                                         value=cfg.default_draft if cfg.default_draft != "none"
                                                         else "ngram", label="draft", allow_custom_value=custom))
-                        tm_k = _lenient(gr.Slider(1, core.MAX_K, value=4, step=1, label="k"))
-                        tm_max_new = _lenient(gr.Slider(1, core.MAX_NEW_TOKENS, value=64, step=1,
+                        tm_k = _lenient(gr.Slider(1, config.MAX_K, value=4, step=1, label="k"))
+                        tm_max_new = _lenient(gr.Slider(1, config.MAX_NEW_TOKENS, value=64, step=1,
                                                         label="max new tokens"))
                 tm_btn = gr.Button("Compare timing", variant="primary", elem_id="timing-run")
                 tm_status = gr.Markdown("", label="status", elem_classes="speclab-status", elem_id="timing-status")
@@ -463,10 +463,10 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 def _timing(prompt_, target_, draft_, k_, max_new_):
                     skip = (gr.skip(),) * 4
                     try:
-                        s = core.validate_decode(cfg, prompt_, target_, draft_, k_, 1, 0.0, 1.0, max_new_, 0)
+                        s = decode.validate_decode(cfg, prompt_, target_, draft_, k_, 1, 0.0, 1.0, max_new_, 0)
                         if not s.speculative:
                             raise SpeclabError("pick a draft and k >= 1 to compare against the baseline")
-                        r = core.run_timing(cfg, s)
+                        r = timing.run_timing(cfg, s)
                     except Exception as e:  # noqa: BLE001
                         msg = _one_line(e)
                         gr.Warning(msg)
@@ -496,9 +496,9 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 remote_ok = cfg.allow_remote_servers
                 with gr.Row():
                     with gr.Column():
-                        ld_server = _lenient(gr.Radio([core.LOAD_IN_PROCESS] + ([core.LOAD_REMOTE] if remote_ok
+                        ld_server = _lenient(gr.Radio([load_tab.LOAD_IN_PROCESS] + ([load_tab.LOAD_REMOTE] if remote_ok
                                                                                  else []),
-                                                      value=core.LOAD_IN_PROCESS, label="server"))
+                                                      value=load_tab.LOAD_IN_PROCESS, label="server"))
                         ld_url = gr.Textbox("", label="URL (with --allow-remote-servers)", visible=remote_ok,
                                             placeholder="http://127.0.0.1:8000")
                         ld_target = _lenient(gr.Dropdown(target_choices, value=cfg.default_target, label="target",
@@ -509,8 +509,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                         ld_policies = _lenient(gr.CheckboxGroup(policies, value=[p for p in ("off", "fixed", "goodput")
                                                                                  if p in policies],
                                                                 label="policies (off = plain decoding)"))
-                        ld_k = _lenient(gr.Slider(1, core.MAX_K, value=DEFAULT_K, step=1, label="k (largest k)"))
-                        ld_levels = _lenient(gr.CheckboxGroup(core.LOAD_LEVELS, value=[1, 4, 16],
+                        ld_k = _lenient(gr.Slider(1, config.MAX_K, value=DEFAULT_K, step=1, label="k (largest k)"))
+                        ld_levels = _lenient(gr.CheckboxGroup(load_tab.LOAD_LEVELS, value=[1, 4, 16],
                                                               label="concurrency levels"))
                     with gr.Column():
                         ld_wl = _lenient(gr.Dropdown(workloads, value=first_wl, label="workload"))
@@ -530,26 +530,26 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 ld_acc = gr.Dataframe(label="acceptance scraped from /metrics over each level", interactive=False)
                 load_outputs = [ld_status, ld_chart, ld_low, ld_high, ld_table, ld_acc]
 
-                ld_gate = gr.State(core.StopGate)
+                ld_gate = gr.State(jobs.StopGate)
 
                 @gpu(600)
                 def _load(server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_, max_, split_, gate_=None,
                           progress=gr.Progress()):
                     updates = _load_updates(server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_, max_,
                                             split_, progress)
-                    yield from core.StopGate.guard(updates, gate_, tuple(gr.skip() for _ in load_outputs))
+                    yield from jobs.StopGate.guard(updates, gate_, tuple(gr.skip() for _ in load_outputs))
 
                 def _load_updates(server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_, max_, split_,
                                   progress):
                     skip = tuple(gr.skip() for _ in load_outputs[1:])
                     try:
-                        s = core.validate_load(cfg, server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_,
-                                               max_, split_)
+                        s = load_tab.validate_load(cfg, server_, url_, target_, draft_, pols_, k_, levels_, wl_, reqs_,
+                                                   max_, split_)
                     except SpeclabError as e:
                         gr.Warning(str(e))
                         yield (_error_md(str(e)),) + skip
                         return
-                    job = core.LoadJob(cfg, s).start()
+                    job = load_tab.LoadJob(cfg, s).start()
                     t0 = time.perf_counter()
                     try:
                         while not job.wait(0.5):
@@ -577,11 +577,11 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                             "vs the crossover, same tokenizer) applied to numbers, each with its source "
                             "(measured, scraped, assumed or the cost model), and a verdict per workload with the "
                             "flags for speclab serve, vLLM and SGLang. The same as `speclab advise`.")
-                adv_ch = core.advisor_choices()
+                adv_ch = advice.advisor_choices()
                 with gr.Row():
                     with gr.Column():
-                        ad_src = gr.Radio([core.ACCEPTANCE_SHIPPED, core.ACCEPTANCE_TYPED, core.ACCEPTANCE_FILES],
-                                          value=core.ACCEPTANCE_SHIPPED, label="acceptance from")
+                        ad_src = gr.Radio([advice.ACCEPTANCE_SHIPPED, advice.ACCEPTANCE_TYPED, advice.ACCEPTANCE_FILES],
+                                          value=advice.ACCEPTANCE_SHIPPED, label="acceptance from")
                         ad_rates = gr.Textbox("json:0.8,code:0.45,creative:0.25", label="typed rates (name:rate or "
                                               "name:r1/r2/r3 per position)")
                         ad_files = gr.File(label="results: speclab bench --json, a sweep, speclab load --json",
@@ -589,13 +589,13 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                     with gr.Column():
                         ad_hw = _lenient(gr.Dropdown(adv_ch["hardware"], value="h100", label="hardware"))
                         ad_target = _lenient(gr.Dropdown(adv_ch["shapes"], value="llama-3.1-8b", label="target"))
-                        ad_draft = _lenient(gr.Dropdown([core.DRAFT_BY_COST] + adv_ch["shapes"],
-                                                        value=core.DRAFT_BY_COST, label="draft"))
+                        ad_draft = _lenient(gr.Dropdown([advice.DRAFT_BY_COST] + adv_ch["shapes"],
+                                                        value=advice.DRAFT_BY_COST, label="draft"))
                         ad_cost = _lenient(gr.Slider(0.0, 0.5, value=0.05, step=0.01,
                                                      label="draft step / target step (when no draft model)"))
                     with gr.Column():
                         ad_conc = _lenient(gr.Slider(1, 256, value=8, step=1, label="expected concurrency"))
-                        ad_kmax = _lenient(gr.Slider(1, core.MAX_K, value=8, step=1, label="largest k"))
+                        ad_kmax = _lenient(gr.Slider(1, config.MAX_K, value=8, step=1, label="largest k"))
                         ad_ttft = _lenient(gr.Number(0, label="measured TTFT ms (0 = model it)", minimum=0))
                         ad_tpot = _lenient(gr.Number(0, label="measured plain TPOT ms (0 = model it)", minimum=0))
                         ad_out = _lenient(gr.Number(256, label="output tokens per request", minimum=1))
@@ -610,9 +610,9 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 def _advise(src_, rates_, files_, hw_, target_, draft_, cost_, conc_, kmax_, ttft_, tpot_, out_):
                     skip = (gr.skip(),) * 4
                     try:
-                        s = core.validate_advice(src_, rates_, files_, hw_, target_, draft_, cost_, conc_, kmax_,
-                                                 ttft_, tpot_, out_)
-                        a = core.run_advice(s)
+                        s = advice.validate_advice(src_, rates_, files_, hw_, target_, draft_, cost_, conc_, kmax_,
+                                                   ttft_, tpot_, out_)
+                        a = advice.run_advice(s)
                     except Exception as e:  # noqa: BLE001
                         msg = _one_line(e)
                         gr.Warning(msg)
@@ -625,12 +625,12 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
     return demo
 
 
-def _sweep_outputs(df, s: core.SweepSettings, seconds: float):
+def _sweep_outputs(df, s: sweep.SweepSettings, seconds: float):
     from ..analysis.sweep import crossover_batch
 
     if df is None or not len(df):
         return (_error_md("the sweep was cancelled before any cell finished"),) + (gr.skip(),) * 7
-    table = core.sweep_table(df)
+    table = sweep.sweep_table(df)
     cross = crossover_batch(df)
     path = os.path.join(tempfile.mkdtemp(prefix="speclab-sweep-"), "speclab_sweep.csv")
     table.to_csv(path, index=False)
@@ -686,7 +686,7 @@ def _advice_outputs(a):
 def _load_outputs(results: dict, seconds: float):
     from ..load.charts import load_chart, pacing_strip
 
-    table, acc = core.load_tables(results)
+    table, acc = load_tab.load_tables(results)
     verdicts = "; ".join(f"{name}: **{r['verdict']['verdict']}**" for name, r in results.items())
     msg = f"✓ {len(table)} cells in {seconds:.0f} s. Pacing verdicts: {verdicts}"
     chart = load_chart(table.rename(columns={"policy": "policy"}).to_dict("records"), series="policy")
@@ -721,7 +721,7 @@ def _tree_html(cfg: AppConfig, view: dict | None, which: str, i) -> str:
                 'dynamic) to draw one.</div>')
     t = trees[min(max(int(i or 1), 1), len(trees)) - 1]
     try:
-        lm = core.get_target(cfg, view["settings"]["target"])
+        lm = models.get_target(cfg, view["settings"]["target"])
     except Exception:  # noqa: BLE001 - labels fall back to ids
         lm = None
     text = lm.token_text if lm is not None else (lambda tok: str(tok))

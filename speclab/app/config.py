@@ -1,0 +1,166 @@
+"""What the app offers and its shared checks, free of Gradio: the model choices (:class:`AppConfig`, from the
+command line and the environment), the controls' ranges, the first screen's defaults (chosen by measurement:
+a workload and settings where speculation pays on the embedded family on a CPU), and the checks of a model
+or policy choice every tab uses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import SpeclabError
+
+# the app's own ranges (what its controls offer); the checks themselves are speclab.limits'
+MAX_K = 16
+MAX_BATCH = 256  # far enough for speculation to stop paying on a 2-core CPU (see the README's crossover)
+MAX_NEW_TOKENS = 256
+MAX_TEMPERATURE = 2.0
+MAX_SEED = 2**31 - 1
+# what the first screen runs: chosen by measurement (README, "Defaults"): a workload and settings where
+# speculation pays on the embedded family on a CPU
+DEFAULT_WORKLOAD = "json"
+DEFAULT_K = 4
+DEFAULT_POLICY = "fixed"
+BUILTIN_DRAFTS = ("ngram", "none")
+SELF_DRAFTS = ("eagle", "medusa", "early-exit")  # drafters from the target itself (offered when shipped)
+DRAFT_LABELS = {"ngram": "ngram (prompt lookup, no model)", "none": "none (baseline, k = 0)",
+                "eagle": "eagle (a head on the target's features)", "medusa": "medusa (heads on the target)",
+                "early-exit": "early-exit (the target's first layers)"}
+
+
+def self_drafts() -> tuple[str, ...]:
+    """The self-drafting heads shipped with the family (early exit needs no weights)."""
+    try:
+        from ..drafters.heads import list_heads
+
+        have = {x for h in list_heads() for x in (h["kind"], h["name"])}
+    except Exception:  # noqa: BLE001 - no heads: none offered
+        have = set()
+    return tuple(d for d in SELF_DRAFTS if d in have or d == "early-exit")
+
+
+def _family() -> list[dict]:
+    try:
+        from ..family import list_models
+
+        return list_models()
+    except Exception:
+        return []
+
+
+def _family_defaults() -> tuple[str, str]:
+    try:
+        from ..family import DEFAULT_DRAFT, DEFAULT_TARGET
+
+        return DEFAULT_TARGET, DEFAULT_DRAFT
+    except Exception:
+        return "target", "draft-distill"
+
+
+def _truthy(v: str | None) -> bool:
+    return str(v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """What the server offers. ``targets``/``drafts`` are the only model choices users get, unless
+    ``allow_custom_models`` (then any local directory or hub id may be typed in)."""
+
+    targets: tuple[str, ...]
+    drafts: tuple[str, ...]  # model drafts, then "ngram", "none"
+    default_target: str | None
+    default_draft: str
+    allow_custom_models: bool = False
+    device: str | None = None
+    family_present: bool = False
+    allow_remote_servers: bool = False  # the Load tab may measure a server at a URL (off: only its own)
+
+    @classmethod
+    def build(cls, target: str | None = None, draft: str | None = None, extra_drafts: list[str] | None = None,
+              allow_custom_models: bool = False, device: str | None = None,
+              allow_remote_servers: bool = False) -> "AppConfig":
+        fam = _family()
+        fam_target, fam_draft = _family_defaults()
+        names = [m["name"] for m in fam]
+        fam_targets = [m["name"] for m in fam if m.get("role") == "target"]
+        if fam_target in names and fam_target in fam_targets:
+            fam_targets.remove(fam_target)
+            fam_targets.insert(0, fam_target)
+        order = {"distilled-draft": 0, "draft": 1, "mismatched": 3}
+        fam_drafts = sorted((m for m in fam if m.get("role") != "target"),
+                            key=lambda m: (order.get(m.get("role"), 2), -(m.get("parameters") or 0), m["name"]))
+        fam_drafts = [m["name"] for m in fam_drafts]
+        targets = ([target] if target else []) + [t for t in fam_targets if t != target]
+        drafts: list[str] = []
+        offered = fam_drafts + (list(self_drafts()) if fam else []) + list(BUILTIN_DRAFTS)
+        for d in ([draft] if draft else []) + list(extra_drafts or []) + offered:
+            if d and d not in drafts:
+                drafts.append(d)
+        if draft:
+            default_draft = draft
+        elif fam_draft in fam_drafts:
+            default_draft = fam_draft
+        else:
+            default_draft = next((d for d in drafts if d not in BUILTIN_DRAFTS), "ngram")
+        return cls(tuple(targets), tuple(drafts), targets[0] if targets else None, default_draft,
+                   allow_custom_models, device, bool(fam), allow_remote_servers)
+
+    @classmethod
+    def from_env(cls, **overrides) -> "AppConfig":
+        """SPECLAB_TARGET, SPECLAB_DRAFT, SPECLAB_DRAFTS (comma list), SPECLAB_ALLOW_CUSTOM_MODELS,
+        SPECLAB_DEVICE; keyword arguments (from command-line flags) win when not None."""
+        env = os.environ
+        kw = dict(target=env.get("SPECLAB_TARGET") or None, draft=env.get("SPECLAB_DRAFT") or None,
+                  extra_drafts=[d.strip() for d in env.get("SPECLAB_DRAFTS", "").split(",") if d.strip()],
+                  allow_custom_models=_truthy(env.get("SPECLAB_ALLOW_CUSTOM_MODELS")),
+                  allow_remote_servers=_truthy(env.get("SPECLAB_ALLOW_REMOTE_SERVERS")),
+                  device=env.get("SPECLAB_DEVICE") or None)
+        for k, v in overrides.items():
+            if v is not None and v != [] and v is not False:
+                kw[k] = v
+        return cls.build(**kw)
+
+    def draft_choices(self) -> list[tuple[str, str]]:
+        return [(DRAFT_LABELS.get(d, d), d) for d in self.drafts]
+
+
+def check_model_choice(cfg: AppConfig, value, role: str) -> str:
+    choices = cfg.targets if role == "target" else cfg.drafts
+    if not isinstance(value, str) or not value.strip():
+        if role == "target" and not choices:
+            raise SpeclabError("no target model: the embedded family is not trained yet; start the app with "
+                               "--target PATH (or set SPECLAB_TARGET)")
+        raise SpeclabError(f"no {role} chosen")
+    value = value.strip()
+    if value in choices or (role == "draft" and value.lower() in BUILTIN_DRAFTS + SELF_DRAFTS):
+        return value.lower() if value.lower() in BUILTIN_DRAFTS else value
+    if cfg.allow_custom_models:
+        return value
+    offered = ", ".join(choices) or "none"
+    raise SpeclabError(f"unknown {role} '{value}': choose one of {offered} (custom models need the app to be "
+                       f"started with --allow-custom-models)")
+
+
+def policy_names() -> list[str]:
+    """Every draft-length policy the engine knows (``speclab.engine.policies.POLICIES``)."""
+    from ..engine.policies import POLICIES
+
+    return list(POLICIES)
+
+
+def check_policy(policy) -> str:
+    names = policy_names()
+    if not isinstance(policy, str) or policy.strip().lower() not in names:
+        raise SpeclabError(f"unknown policy {policy!r} (known: {', '.join(names)})")
+    return policy.strip().lower()
+
+
+def as_list(name: str, v) -> list:
+    if v is None:
+        return []
+    if isinstance(v, (str, int, float)):
+        v = [v]
+    if not isinstance(v, (list, tuple)):
+        raise SpeclabError(f"{name} must be a list, got {type(v).__name__}")
+    return list(v)
