@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from speclab.analysis.advisor import Deployment, Inputs, Workload, advise, parse_acceptance, read_inputs
+from speclab.analysis.advisor import Deployment, Inputs, Workload, advise
+from speclab.analysis.advisor_inputs import parse_acceptance, read_inputs
 from speclab.analysis.roofline import RooflineCosts, hardware, shape
 from speclab.cli import main
 

@@ -69,7 +69,8 @@ def validate_advice(source, rates, files, hardware, target_model, draft_model, d
 def run_advice(s: AdviceSettings):
     """The advisor (speclab.analysis.advisor) on the tab's inputs: an Advice (rubric rows, verdicts, notes,
     what it does not cover, speedup vs batch curves)."""
-    from ..analysis.advisor import advise, make_deployment, parse_acceptance, read_inputs
+    from ..analysis.advisor import advise, make_deployment
+    from ..analysis.advisor_inputs import parse_acceptance, read_inputs
     from ..family import FAMILY_DIR
 
     if s.source == ACCEPTANCE_SHIPPED:
