@@ -1442,7 +1442,7 @@ def test_policy_configs_with_the_control():
 def test_lockstep_runs_configurations_side_by_side(tiny, target_lm):
     """The benchmark's interleaved runs: each configuration its own scheduler over the same prompts, stepped in turn,
     charged only its own steps; the output equals plain greedy decoding in every one."""
-    from speclab.analysis.bench_policies import at_concurrency, lockstep
+    from speclab.analysis.bench_runs import at_concurrency, lockstep
     from speclab.engine import Fixed
 
     prompts = [target_lm.encode(p) for p in PROMPTS[:5]]
@@ -1478,7 +1478,7 @@ def _fake_scheduler(order: list):
 def test_interleave_rotates_and_charges_each_its_own_steps():
     """One step of each unfinished scheduler per cycle, the first one rotating each cycle from ``offset``; a scheduler
     already idle is never stepped; each is charged only the clock time of its own steps."""
-    from speclab.analysis.bench_policies import interleave
+    from speclab.analysis.bench_runs import interleave
 
     order = []
     Fake = _fake_scheduler(order)
@@ -1502,7 +1502,7 @@ def test_interleave_shuffled_puts_every_configuration_after_every_other():
     import random
     from collections import Counter
 
-    from speclab.analysis.bench_policies import interleave
+    from speclab.analysis.bench_runs import interleave
 
     order = []
     Fake = _fake_scheduler(order)
@@ -1577,7 +1577,7 @@ def test_bench_policies_smoke(tmp_path, capsys):
 
 
 def test_spread_lengths_are_drawn_once_per_cell_and_stay_in_range():
-    from speclab.analysis.bench_policies import budgets
+    from speclab.analysis.bench_runs import budgets
     from speclab.load.shapes import spread_lengths
 
     assert spread_lengths(32, 5, 0.0, "s") == [32] * 5

@@ -130,7 +130,7 @@ def test_cost_is_burnt(target_lm):
 
 # ----------------------------------------------------------------------------------- the cost model side
 def test_round_plan_hand_built():
-    from speclab.analysis.bench_policies import parts_round_time, predict_decode_time, round_plan
+    from speclab.analysis.round_plan import parts_round_time, predict_decode_time, round_plan
 
     # always accepted, k 2, budget 3, one row: one round of width 2
     assert round_plan(1.0, 2, 3, 1) == [(1.0, 1.0, [0.0, 0.0, 1.0])]
@@ -154,7 +154,7 @@ def test_round_times_solved_from_batches_that_accept_nothing():
     """A batch at alpha 0 and k runs ``budget`` rounds, the last k narrower; its time is the sum of its rounds, and
     widths not calibrated lie on the line between the calibrated ones around them. Built from known round times,
     the batches' times give them back."""
-    from speclab.analysis.bench_policies import calibration_widths, round_times_from_calibration, widths_line
+    from speclab.analysis.round_plan import calibration_widths, round_times_from_calibration, widths_line
 
     assert calibration_widths(2, 4) == [2, 2, 1, 0]
     assert calibration_widths(4, 3) == [2, 1, 0]  # a budget shorter than k: every round capped
@@ -174,7 +174,7 @@ def test_round_times_solved_from_batches_that_accept_nothing():
 def test_draws_count_the_acceptance_checks():
     """The realized alpha: accepted tokens over the checks made, a check per accepted draft and one for the first
     rejection (none after it, none in a round that drafted nothing)."""
-    from speclab.analysis.bench_policies import draws
+    from speclab.analysis.round_plan import draws
 
     assert draws([(2, 2), (2, 0), (1, 0)]) == 4
     assert draws([(0, 0), (4, 4)]) == 4

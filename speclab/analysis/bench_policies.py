@@ -1,4 +1,6 @@
-"""``speclab bench --policies``: every draft-length policy against plain decoding, and
+"""``speclab bench --policies``: every draft-length policy against plain decoding.
+
+``speclab bench --policies``: every draft-length policy against plain decoding, and
 ``speclab bench --synthetic``: the (acceptance, k, batch) landscape against the cost model.
 
 **--policies.** Plain decoding (k = 0), fixed k for each k in the grid, and every policy of
@@ -21,129 +23,26 @@ policy and what it learnt about the traffic). Every output is checked token-iden
 Targets (issue 12): goodput >= 0.95x the best fixed k in hindsight (k = 0 included) in every cell; on the mixed
 stream goodput beats every single fixed k over the load levels (geometric mean of the speedups); no adaptive policy
 below 0.97x plain in any cell.
-
-**--synthetic.** The synthetic drafter (``synthetic:ALPHA:C``) at every (alpha, k, batch), greedy,
-EOS ignored (every row emits exactly ``--max-new-tokens``), prompts cut to their first 32 tokens,
-each against plain decoding at the same batch. The decode-phase speedup (a prefill-only run
-subtracted from both) is compared with the cost model: the number of rounds, the active rows and the widest draft
-w per round follow exactly from alpha, k and the budget (:func:`round_plan`), and a round of n rows at width w
-costs what it costs in the decode loop, measured by calibration batches that accept nothing (alpha 0, one per k;
-:func:`round_times_from_calibration`) and the plain runs (w = 0). Beside it: the prediction from a round's parts
-timed apart, C*w*t(n,1) (the synthetic draft's burn) + t(n, w+1) (verify) + o(n) (per-round host work; t from
-target forwards timed between the runs of every repetition, o(n) from the plain runs), the prediction at the
-acceptance the draws realized (:func:`draws`), and Leviathan et al.'s formula with the measured verify cost,
-E[tokens]/(k C + v). Every configuration runs interleaved step by step in a fresh random order each cycle.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import random
 import statistics
 import sys
 import time
 
-from ..limits import MAX_BATCH, MAX_K, parse_numbers
 from ..load.shapes import Budgets, check_spread, spread_lengths
-
-QUICK = dict(batches=(1, 4, 16, 64), fixed_ks=(1, 2, 4), max_new_tokens=32, prompts=4)
-FULL = dict(batches=(1, 2, 4, 8, 16, 32, 64, 128), fixed_ks=(1, 2, 3, 4, 6, 8), max_new_tokens=64, prompts=8)
-SYNTH = dict(alphas=(0.3, 0.5, 0.7, 0.9), ks=(1, 2, 4, 8), batches=(1, 4, 16, 64))
-PROMPT_TOKENS = 32  # --synthetic: prompts cut to this many tokens
-
-
-def add_arguments(b) -> None:
-    """The flags of ``bench --policies`` / ``--synthetic``. Shared with --compare: --full (the full grid),
-    --batches (batch sizes), --ks (fixed k values; the largest is the adaptive policies' K; --synthetic:
-    its k values), --reps, --draft, --workload, --prompts-per-workload, --max-new-tokens."""
-    b.add_argument("--policies", action="store_true",
-                   help="every draft-length policy vs plain decoding, per workload, mixed stream and load (issue 12); "
-                        "quick grid unless --full: workloads json,code and their mix, batches 1,4,16,64, k 1,2,4, "
-                        "4 requests, at most 32 new tokens, 3 repetitions")
-    b.add_argument("--synthetic", action="store_true",
-                   help="the (alpha, k, batch) landscape with the synthetic drafter vs the cost model (issue 12)")
-    b.add_argument("--policy-list", default=None,
-                   help="--policies: policies to run besides plain and fixed k (default: every one; 'none': none)")
-    b.add_argument("--length-spread", type=float, default=0.5,
-                   help="--policies, --serve-experiment: each request's token budget drawn uniformly from "
-                        "max-new-tokens x [1 - s, 1 + s] (default 0.5; the same draws for every configuration or "
-                        "server; 0: every request max-new-tokens)")
-    b.add_argument("--alphas", default=None, help="--synthetic: acceptance values (default 0.3,0.5,0.7,0.9)")
-    b.add_argument("--cost", type=float, default=0.1, help="--synthetic: draft step cost C (x a target step)")
-    b.add_argument("--clock", choices=("wall", "process"), default="wall",
-                   help="--policies/--synthetic: time runs by wall clock (default) or by this process's CPU time "
-                        "(steadier on a shared machine; meaningful with --threads 1)")
-
-
-def _ints(s, default, what: str, hi: float) -> list[int]:
-    """A comma list of whole numbers >= 1 (batches; fixed k, where k = 0 is plain decoding, always measured)."""
-    return parse_numbers(s, what, integer=True, hi=hi) if s else list(default)
-
-
-def _floats(s, default, what: str) -> list[float]:
-    return parse_numbers(s, what, lo=0, lo_open=False, hi=1) if s else list(default)
-
-
-def _clock(name: str):
-    return time.process_time if name == "process" else time.perf_counter
-
-
-def _grid(args, synthetic: bool = False) -> dict:
-    g = dict(FULL if args.full else QUICK)
-    if synthetic:
-        g["batches"] = FULL["batches"] if args.full else SYNTH["batches"]
-        g["fixed_ks"] = SYNTH["ks"]
-    if args.full:
-        g["max_new_tokens"] = args.max_new_tokens
-    else:
-        g["max_new_tokens"] = min(args.max_new_tokens, QUICK["max_new_tokens"])
-    g["prompts"] = args.prompts_per_workload or g["prompts"]
-    g["batches"] = _ints(args.batches, g["batches"], "--batches", MAX_BATCH)
-    g["fixed_ks"] = _ints(args.ks, g["fixed_ks"], "--ks (fixed k values; plain decoding, k = 0, is always there)",
-                          MAX_K)
-    g["reps"] = args.reps or 3
-    g["workload"] = args.workload or ("all" if args.full or synthetic else "json,code")
-    return g
-
-
-def mixed_prompts(names: list[str]) -> list[str]:
-    """The workloads' prompts interleaved: w1[0], w2[0], ..., w1[1], w2[1], ..."""
-    from ..workloads import load_workload
-
-    lists = [[p.prompt for p in load_workload(w)] for w in names]
-    return [ps[i] for i in range(max(len(p) for p in lists)) for ps in lists if i < len(ps)]
-
-
-def _setup(args):
-    from ..defaults import default_draft, setup_threads
-    from ..models import load_model
-
-    target = load_model(args.target, device=args.device, role="target")
-    setup_threads(args.threads or 1, target)
-    return target, args.draft or default_draft()
-
-
-def _log(args):
-    return (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-
-
-def _write(args, report: dict, text: str) -> int:
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"\nwrote {args.json}")
-    return 0
-
-
-def _gmean(xs) -> float:
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
-
-
-# ============================================================================================ --policies
-
+from .bench_runs import (
+    clock_named,
+    gmean,
+    grid,
+    lockstep,
+    logger,
+    mixed_prompts,
+    setup,
+    write_report,
+)
 
 CONTROL = "plain-again"  # --control: a second plain configuration, the A/A control
 
@@ -157,90 +56,6 @@ def policy_configs(fixed_ks: list[int], names: list[str], control: bool = False)
     return out + [(CONTROL, None, 0)] if control else out
 
 
-def budgets(max_new_tokens: int | list[int], n: int) -> list[int]:
-    """Each of ``n`` requests' token budget: one number for all, or a list of one per request."""
-    return [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
-
-
-def _burst(target, drafter, policy, prompts: list[list[int]], concurrency: int, max_new_tokens: int | list[int],
-           costs, seed: int):
-    """One scheduler of at most ``concurrency`` rows with every prompt queued (greedy, ``max_new_tokens`` each, or a
-    list of one budget per prompt): (scheduler, requests). No drafter: plain decoding. Adaptive policies record step
-    costs; fixed k does not."""
-    from ..engine import Off, Request, Scheduler
-    from ..engine.sampling import SamplingParams
-
-    pol = policy if drafter is not None else Off()
-    lens = budgets(max_new_tokens, len(prompts))
-    longest = max(len(p) + m for p, m in zip(prompts, lens))
-    sched = Scheduler(target, drafter, pol, max_running=concurrency, max_waiting=len(prompts), max_len=longest,
-                      capacity=concurrency, costs=costs, record_costs=pol.name not in ("fixed", "off"))
-    reqs = [Request(list(p), m, SamplingParams(), seed=seed + i, request_id=f"bench-{i}")
-            for i, (p, m) in enumerate(zip(prompts, lens))]
-    for r in reqs:
-        sched.submit(r)
-    return sched, reqs
-
-
-def at_concurrency(target, drafter, policy, prompts: list[list[int]], concurrency: int,
-                   max_new_tokens: int | list[int], costs=None, seed: int = 0, clock=time.perf_counter):
-    """Decode ``prompts`` (token ids, greedy) through one scheduler that runs at most ``concurrency`` rows,
-    every request queued at the start, so a finished row is replaced at once (continuous batching, as a
-    server runs under a burst of requests), to the last token. Every configuration does the same work
-    (every prompt prefilled, every token generated), so throughputs compare fairly; a window cut while
-    requests are still running would not (plain decoding moves its rows in lockstep, speculation does
-    not, so the partial progress inside the window differs). Returns (tokens generated, seconds,
-    requests)."""
-    sched, reqs = _burst(target, drafter, policy, prompts, concurrency, max_new_tokens, costs, seed)
-    t = clock()
-    sched.run_until_idle()
-    spent = clock() - t
-    return sum(len(r.generated) for r in reqs), spent, reqs
-
-
-def lockstep(target, runs: list[tuple], prompts: list[list[int]], concurrency: int,
-             max_new_tokens: int | list[int], costs=None, seed: int = 0, clock=time.perf_counter, offset: int = 0,
-             shuffle=None) -> list[tuple[int, float, list]]:
-    """:func:`at_concurrency` for several configurations at once, interleaved step by step: ``runs`` is a list of
-    (drafter or None, policy) pairs, each with its own scheduler over the same ``prompts``; one cycle steps every
-    unfinished scheduler once (the order rotating each cycle, starting at ``offset``, or shuffled each cycle by
-    ``shuffle``, a ``random.Random``: :func:`interleave`), and each configuration is
-    charged the time of its own steps. This machine's speed drifts by tens of percent over seconds (other work on
-    the host); configurations run one after another see different speeds, while steps a few milliseconds apart see
-    the same one, so ratios between configurations are far tighter. Returns (tokens generated, seconds, requests)
-    per run, in order. ``costs``: one table for every run, or a list of one per run."""
-    tables = costs if isinstance(costs, list) else [costs] * len(runs)
-    scheds, reqs = zip(*[_burst(target, drafter, policy, prompts, concurrency, max_new_tokens, table, seed)
-                         for (drafter, policy), table in zip(runs, tables)])
-    spent = interleave(scheds, clock, offset, shuffle)
-    return [(sum(len(r.generated) for r in rs), t, rs) for rs, t in zip(reqs, spent)]
-
-
-def interleave(scheds, clock=time.perf_counter, offset: int = 0, shuffle=None) -> list[float]:
-    """Step every scheduler that is not idle once per cycle (the order rotating each cycle, starting at ``offset``;
-    with ``shuffle``, a ``random.Random``, a fresh order each cycle) until all are idle; returns the seconds each one's
-    own steps took. Configurations stepped a few milliseconds apart see the same machine speed (see :func:`lockstep`).
-    Rotated, every configuration runs after the same one (but at the turn of the order): on the CPU a step after one
-    that read the other layout of the weights runs them cold, so a configuration's neighbour shows in its time.
-    Shuffled, every configuration follows every other equally often."""
-    spent = [0.0] * len(scheds)
-    live = [i for i, s in enumerate(scheds) if not s.idle]
-    cycle = offset
-    while live:
-        if shuffle is not None:
-            order = shuffle.sample(live, len(live))
-        else:
-            j = cycle % len(live)
-            order = live[j:] + live[:j]
-        for i in order:
-            t = clock()
-            scheds[i].step()
-            spent[i] += clock() - t
-        live = [i for i in live if not scheds[i].idle]
-        cycle += 1
-    return spent
-
-
 def run_policies(args) -> int:
     import torch
 
@@ -251,10 +66,10 @@ def run_policies(args) -> int:
     from ..workloads import load_workload, workload_names
     from .sweep import cached_model
 
-    g = _grid(args)
-    log = _log(args)
-    clock = _clock(args.clock)
-    target, draft_name = _setup(args)
+    g = grid(args)
+    log = logger(args)
+    clock = clock_named(args.clock)
+    target, draft_name = setup(args)
     names = [s.strip() for s in args.policy_list.split(",") if s.strip()] if args.policy_list else list(POLICIES)
     names = [] if names == ["none"] else names
     for n in names:
@@ -357,7 +172,7 @@ def run_policies(args) -> int:
         calibration_s=calib_s, run_s=time.perf_counter() - t_run, costs=spec.costs.snapshot(),
         learnt_costs={label: t.snapshot() for label, t in tables.items() if t is not spec.costs}, rows=results)
     report["targets"] = policy_targets(report)
-    return _write(args, report, format_policies(report))
+    return write_report(args, report, format_policies(report))
 
 
 def paired_ratios(tps: list[float], plain: list[float]) -> list[float]:
@@ -389,7 +204,7 @@ def policy_targets(rep: dict) -> dict:
                                           best_fixed=worst[3])
         if any(w == "mixed" for w, _ in cells):
             levels = [B for w, B in cells if w == "mixed"]
-            gm = {c: _gmean(by[("mixed", B, c)]["speedup"] for B in levels) for c in fixed + ["goodput"]}
+            gm = {c: gmean(by[("mixed", B, c)]["speedup"] for B in levels) for c in fixed + ["goodput"]}
             best = max(fixed, key=gm.get)
             t["mixed_goodput_vs_best_single_k"] = dict(value=gm["goodput"] / gm[best], goal=1.0, strict=True,
                                                        best_fixed=best, goodput_gmean=gm["goodput"],
@@ -469,351 +284,3 @@ def format_policies(rep: dict) -> str:
         L.append(f"target {name:<32} {vs:>7}  goal {op} {t['goal']}  {said}  "
                  + ", ".join(f"{k}={x:.3f}" if isinstance(x, float) else f"{k}={x}" for k, x in extra.items()))
     return "\n".join(L)
-
-
-# =========================================================================================== --synthetic
-
-
-def round_plan(alpha, k: int, budget: int, rows: int) -> list[tuple[float, float, list[float]]]:
-    """Expected shape of a synthetic batch's rounds: ``rows`` independent rows, each emitting ``budget``
-    tokens in rounds of k drafts accepted position by position with probability ``alpha`` (a number
-    or one per position), capped so a round never overruns a row's budget (k <= remaining - 1), as the
-    scheduler does. Returns, per round r (while any row may be active): (P(the round runs), E[active
-    rows | it runs], P(widest draft = w | it runs) for w = 0..k). Pure and exact (no sampling).
-
-    e.g. alpha 1, k 2, budget 3, 1 row: one round of width 2 emits all 3 tokens -> [(1, 1, [0, 0, 1])].
-    """
-    alphas = [alpha] if isinstance(alpha, (int, float)) else list(alpha)
-
-    def a_at(i):
-        return alphas[min(i, len(alphas) - 1)]
-
-    def emit_dist(ke):  # P(accepted = a) for a in 0..ke
-        out, surv = [], 1.0
-        for i in range(ke):
-            out.append(surv * (1 - a_at(i)))
-            surv *= a_at(i)
-        return out + [surv]
-
-    q = [0.0] * (budget + 1)  # P(remaining = m) for one row
-    q[budget] = 1.0
-    plan = []
-    while 1.0 - q[0] > 1e-9:
-        active = 1.0 - q[0]
-        p_run = 1.0 - q[0] ** rows
-        n_bar = rows * active / p_run
-        G = []  # P(row inactive or its capped k <= w)
-        for w in range(k + 1):
-            G.append(q[0] + sum(q[m] for m in range(1, budget + 1) if min(k, m - 1) <= w))
-        width = []
-        for w in range(k + 1):
-            lo = G[w - 1] ** rows if w > 0 else q[0] ** rows
-            width.append((G[w] ** rows - lo) / p_run)
-        plan.append((p_run, n_bar, width))
-        nq = [0.0] * (budget + 1)
-        nq[0] = q[0]
-        for m in range(1, budget + 1):
-            if q[m]:
-                for a, p in enumerate(emit_dist(min(k, m - 1))):
-                    nq[m - a - 1] += q[m] * p
-        q = nq
-    return plan
-
-
-def predict_decode_time(alpha, k: int, rows: int, budget: int, round_time) -> float:
-    """Expected decode-phase seconds of one synthetic batch: sum over rounds of P(run) x sum_w P(width w) x
-    round_time(n, w), n = E[active rows] (:func:`round_plan`; ``round_time(n, w)``: seconds of a round of n rows
-    whose widest draft is w, w = 0 a plain step)."""
-    return sum(p_run * sum(pw * round_time(n, w) for w, pw in enumerate(width) if pw)
-               for p_run, n, width in round_plan(alpha, k, budget, rows))
-
-
-def parts_round_time(c: float, forward, overhead, draft=None):
-    """A round's seconds from its parts timed apart: c w draft(n) (the synthetic draft's burn) + forward(n, w + 1)
-    (the verify forward) + overhead(n) (per-round host work) (``forward(n, T)``: a target forward of n rows x T
-    tokens; ``draft(n)``: the target step the draft's cost is a multiple of, default forward(n, 1))."""
-    def round_time(n, w):
-        t1 = draft(n) if draft is not None else forward(n, 1)
-        return c * w * t1 + forward(n, w + 1) + overhead(n)
-    return round_time
-
-
-def draws(history) -> int:
-    """Acceptance draws a row's rounds made (``history``: (drafted, accepted) per round): drafts are checked in order
-    until the first rejection, so a round that accepted a of d drafted made a draws, plus one if a < d. Accepted
-    tokens over draws is the acceptance the synthetic draft realized (its maximum-likelihood alpha), which on 4
-    prompts differs from the alpha asked for by a few points. e.g. [(2, 2), (2, 0), (1, 0)] -> 2 + 1 + 1 = 4."""
-    return sum(a + (a < d) for d, a in history)
-
-
-def calibration_widths(k: int, budget: int) -> list[int]:
-    """The widest draft of each round of a batch that drafts k tokens a row and accepts none (alpha 0): every round
-    emits one token a row, and a row with m tokens left drafts at most m - 1, so all rows run in step through
-    ``budget`` rounds, the last k of them narrower. e.g. k 2, budget 4 -> [2, 2, 1, 0]."""
-    return [min(k, budget - 1 - r) for r in range(budget)]
-
-
-def widths_line(times: dict[int, float], w: float) -> float:
-    """A round's seconds at width w from those measured at some widths (``times``: width -> seconds, 0 included):
-    linear between the two measured around it. e.g. {0: 1, 2: 3}, w 1 -> 2."""
-    ws = sorted(times)
-    if w in times:
-        return times[w]
-    hi = next(x for x in ws if x > w)
-    lo = max(x for x in ws if x < w)
-    return times[lo] + (times[hi] - times[lo]) * (w - lo) / (hi - lo)
-
-
-def round_times_from_calibration(plain_round: float, calibration: dict[int, float], budget: int) -> dict[int, float]:
-    """Seconds of one round at each calibrated width, from the decode times of batches that accept nothing
-    (``calibration``: k -> decode seconds of one batch at alpha 0 and k, :func:`calibration_widths`) and a plain
-    step (``plain_round``, width 0). Each batch's time is the sum of its rounds; rounds at widths not calibrated
-    are read on the line between the calibrated widths around them, so the widths are solved from the narrowest up,
-    each a linear equation in its own time. e.g. plain 1 s, k 1 over 3 rounds (widths 1, 1, 0) taking 5 s: a round
-    at width 1 takes 2 s."""
-    times = {0: plain_round}
-    for k in sorted(calibration):
-        lo = max(times)  # the widest solved so far: widths between lo and k lie on the line to k's unknown time
-        coef, const = 0.0, 0.0
-        for w in calibration_widths(k, budget):
-            if w <= lo:
-                const += widths_line(times, w)
-            else:  # (lo, k]: t(lo) + (t(k) - t(lo)) (w - lo) / (k - lo)
-                f = (w - lo) / (k - lo)
-                coef += f
-                const += times[lo] * (1 - f)
-        times[k] = (calibration[k] - const) / coef
-    return times
-
-
-def run_synthetic(args) -> int:
-    from ..drafters.synthetic import SyntheticDrafter
-    from ..engine import SpeculativeDecoder
-    from ..engine.costs import OnlineCosts, calibration_rows, interpolate, time_shapes
-    from ..workloads import workload_names
-    from .costmodel import expected_speedup
-    from .sweep import batches
-
-    g = _grid(args, synthetic=True)
-    log = _log(args)
-    clock = _clock(args.clock)
-    target, _ = _setup(args)
-    alphas = _floats(args.alphas, SYNTH["alphas"], "--alphas")
-    ks, levels = g["fixed_ks"], g["batches"]
-    c, M, n_prompts = args.cost, g["max_new_tokens"], g["prompts"]
-    # prompts cut to their first PROMPT_TOKENS tokens: the text does not matter to a synthetic draft, and short
-    # prompts keep the prefill (subtracted from every run) small next to the decode phase being measured
-    prompts = [target.encode(p)[:PROMPT_TOKENS] for p in mixed_prompts(workload_names(g["workload"]))]
-    groups = {B: batches(prompts, B, max(B, n_prompts)) for B in levels}
-    used = list({tuple(p): list(p) for gs in groups.values() for grp in gs for p in grp}.values())
-
-    # ---- untimed: oracles, the draft's cost unit (a target step per row count), warm-up
-    t0 = time.perf_counter()
-    lens = sorted(len(p) for p in used)
-    ctx = lens[len(lens) // 2] + M // 2
-    rows, widths = calibration_rows(*levels), tuple(range(1, max(ks) + 2))
-    burn = OnlineCosts()
-    burn.calibrate(target, None, rows=rows, tokens=(1,), context=ctx, clock=clock, reps=5)
-    # calibration runs, not cells: the prefill alone, plain decoding, and batches that accept nothing (alpha 0, one
-    # per k: every round drafts k tokens a row and emits one, so their rounds are known exactly and their times give
-    # a round's time at each width, round_times_from_calibration)
-    calib = [("prefill", None, 0), ("plain", None, 0)] + [(f"calib-k{k}", 0.0, k) for k in ks]
-    configs = calib + [(f"a{a}-k{k}", a, k) for a in alphas for k in ks]
-    # one drafter per configuration, by label: configurations run side by side, each row with its own draws
-    plain = SpeculativeDecoder(target, None)
-    decs, oracle = {}, None
-    for label, a, k in configs:
-        if a is None:
-            continue
-        d = SyntheticDrafter(target, a, c)
-        if oracle is None:
-            d.prepare(used, M, rows=())
-            oracle = d.oracle
-        d.oracle = oracle  # one oracle per prompt for every configuration
-        d.step_costs, d.context, d.clock = burn, ctx, clock  # one cost unit for all, on the bench's clock
-        decs[label] = SpeculativeDecoder(target, d)
-    for B in levels:
-        grp = groups[B][0]
-        plain.generate(grp, k=0, max_new_tokens=4, record=False, stop_on_eos=False)
-        decs[configs[-1][0]].generate(grp, k=max(ks), max_new_tokens=4, record=False, stop_on_eos=False)
-    prep_s = time.perf_counter() - t0
-    log(f"[synthetic] oracles, step costs and warm-up in {prep_s:.1f} s (not timed)")
-
-    times: dict[tuple, list[float]] = {}
-    ident: dict[tuple, bool] = {}
-    acc: dict[tuple, list[int]] = {}
-    shapes = []  # per repetition: target forward times by (rows, tokens), timed between the runs
-    t_run = time.perf_counter()
-    order = random.Random(args.seed)
-    for rep in range(g["reps"]):
-        for B in levels:
-            # every configuration of a group runs interleaved step by step (:func:`interleave`): this machine's
-            # speed drifts by tens of percent over seconds, so configurations run one after another measured
-            # speedups whose repetitions disagreed by 24% in the median cell
-            spent = {label: 0.0 for label, _, _ in configs}
-            outs = {label: [] for label, _, _ in configs}
-            counts = {label: [0, 0, 0] for label, _, _ in configs}  # drafted, accepted, draws (realized_alpha)
-            for i, grp in enumerate(groups[B]):
-                runs = [(plain if a is None else decs[label]).scheduler(
-                    grp, k=k, max_new_tokens=1 if label == "prefill" else M, seed=args.seed + i, stop_on_eos=False)
-                    for label, a, k in configs]
-                took = interleave([sched for sched, _ in runs], clock, shuffle=order)
-                for (label, _, _), (_, reqs), t in zip(configs, runs, took):
-                    spent[label] += t
-                    outs[label].append([list(r.generated) for r in reqs])
-                    counts[label][0] += sum(r.drafted for r in reqs)
-                    counts[label][1] += sum(r.accepted for r in reqs)
-                    counts[label][2] += sum(draws(r.history) for r in reqs)
-            for label, _, _ in configs:
-                times.setdefault((B, label), []).append(spent[label])
-                acc[(B, label)] = counts[label]
-                if label != "prefill":
-                    ident[(B, label)] = ident.get((B, label), True) and outs[label] == outs["plain"]
-        shapes.append(time_shapes(target, rows, widths, ctx, 3, clock=clock, plain_apart=False))
-        log(f"[synthetic] repetition {rep + 1}/{g['reps']} done ({time.perf_counter() - t_run:.0f} s)")
-
-    # ---- the model: forwards timed in every repetition (median), per-round overhead o(B) from the plain runs
-    table = OnlineCosts()
-    table.set_calibrated({key: statistics.median(sh[key] for sh in shapes) for key in shapes[0]})
-    med = {key: statistics.median(v) for key, v in times.items()}
-    over = {}
-    for B in levels:
-        G = len(groups[B])
-        per_round = (med[(B, "plain")] - med[(B, "prefill")]) / (G * (M - 1))
-        over[B] = max(per_round - table.target_time(B, 1), 0.0)
-    lv = sorted(over)
-
-    def overhead(n):
-        return interpolate(lv, lambda b: over[b], n) or 0.0
-
-    def forward(n, T):
-        return table.target_time(n, T)
-
-    def unit(n):
-        return burn.target_time(n, 1)
-
-    parts = parts_round_time(c, forward, overhead, draft=unit)
-    # the cost model: a round's time at n rows and width w, measured in the loop by the calibration batches that
-    # accept nothing (their rounds are known exactly; acceptance changes how many rounds a batch takes, not what one
-    # costs), between the batch sizes by interpolation
-    per_width = {}
-    for B in levels:
-        G = len(groups[B])
-        plain_round = (med[(B, "plain")] - med[(B, "prefill")]) / (G * (M - 1))
-        per_width[B] = round_times_from_calibration(
-            plain_round, {k: (med[(B, f"calib-k{k}")] - med[(B, "prefill")]) / G for k in ks}, M - 1)
-
-    def round_time(n, w):
-        return interpolate(lv, lambda b: widths_line(per_width[b], w), n)
-
-    cells = []
-    for B in levels:
-        G = len(groups[B])
-        dec_plain = med[(B, "plain")] - med[(B, "prefill")]
-        for label, a, k in configs[len(calib):]:
-            dec_spec = med[(B, label)] - med[(B, "prefill")]
-            measured = dec_plain / dec_spec
-            predicted = dec_plain / (G * predict_decode_time(a, k, B, M - 1, round_time))
-            from_parts = dec_plain / (G * predict_decode_time(a, k, B, M - 1, parts))
-            v = forward(B, k + 1) / forward(B, 1)
-            d_n, a_n, n_draws = acc[(B, label)]
-            realized = a_n / n_draws if n_draws else a
-            at_realized = dec_plain / (G * predict_decode_time(realized, k, B, M - 1, round_time))
-            # the cell's own repeatability: its speedup in each repetition (the same prefill subtracted)
-            per_rep = [(p - f) / (x - f) for p, f, x in zip(times[(B, "plain")], times[(B, "prefill")],
-                                                            times[(B, label)])]
-            spread = max(abs(r / measured - 1) for r in per_rep)
-            cells.append(dict(alpha=a, k=k, batch=B, measured_speedup=measured, predicted_speedup=predicted,
-                              error=predicted / measured - 1, leviathan_v_speedup=expected_speedup(a, k, c, v),
-                              parts_predicted_speedup=from_parts, parts_error=from_parts / measured - 1,
-                              realized_alpha=realized, predicted_at_realized=at_realized,
-                              error_at_realized=at_realized / measured - 1,
-                              verify_cost_v=v, overhead_ms=over[B] * 1e3,
-                              measured_acceptance=a_n / d_n if d_n else None,
-                              rep_speedups=per_rep, rep_spread=spread,
-                              identical=ident[(B, label)]))
-    cross = {}
-    for a in alphas:
-        for k in ks:
-            lose = [x["batch"] for x in cells if x["alpha"] == a and x["k"] == k and x["measured_speedup"] < 1.0]
-            cross[f"{a}:{k}"] = min(lose) if lose else None
-    def to_crossover(x):
-        cx = cross[f"{x['alpha']}:{x['k']}"]
-        return cx is None or x["batch"] <= cx
-
-    upto = [x for x in cells if to_crossover(x)]
-    worst = max(upto, key=lambda x: abs(x["error"]))
-    report = dict(command="speclab bench " + " ".join(sys.argv[2:]), target=target.name, device=str(target.device),
-                  clock=args.clock, cost=c, max_new_tokens=M, prompts_per_cell=n_prompts, batches=levels,
-                  alphas=alphas, ks=ks, reps=g["reps"], prepare_s=prep_s, run_s=time.perf_counter() - t_run,
-                  step_costs=table.snapshot()["calibrated_target"],
-                  overhead_ms={str(b): o * 1e3 for b, o in over.items()},
-                  round_ms={str(b): {str(w): t * 1e3 for w, t in per_width[b].items()} for b in levels},
-                  calibration_identical=all(ident[(B, f"calib-k{k}")] for B in levels for k in ks),
-                  cells=cells, crossover_batch=cross,
-                  targets=dict(
-                      model_error_to_crossover=dict(value=abs(worst["error"]), goal=0.15, lower_is_better=True,
-                                                    where=f"alpha {worst['alpha']} k {worst['k']} "
-                                                          f"batch {worst['batch']}",
-                                                    met=abs(worst["error"]) <= 0.15),
-                      model_error_all=dict(value=max(abs(x["error"]) for x in cells), goal=0.15, lower_is_better=True,
-                                           met=max(abs(x["error"]) for x in cells) <= 0.15),
-                      cells_within_15pct=dict(value=f"{sum(abs(x['error']) <= 0.15 for x in upto)}/{len(upto)}",
-                                              goal="all", met=all(abs(x["error"]) <= 0.15 for x in upto)),
-                      # not the goal (that is at the alpha asked for): the model at the acceptance the draws realized
-                      cells_within_15pct_at_realized_alpha=dict(
-                          value=f"{sum(abs(x['error_at_realized']) <= 0.15 for x in upto)}/{len(upto)} (worst "
-                                f"{max(abs(x['error_at_realized']) for x in upto):.1%})", goal="info", met=True),
-                      # not a goal: how well the measurement agrees with itself (every repetition within 15% of
-                      # the cell's median); a model cannot be held to less than this
-                      cells_repeatable_15pct=dict(value=f"{sum(x['rep_spread'] <= 0.15 for x in upto)}/{len(upto)}",
-                                                  goal="info", met=True),
-                      all_identical=dict(value=all(x["identical"] for x in cells), goal=True,
-                                         met=all(x["identical"] for x in cells))))
-    return _write(args, report, format_synthetic(report))
-
-
-def format_synthetic(rep: dict) -> str:
-    L = [f"target {rep['target']}  device {rep['device']}  clock {rep['clock']}  synthetic draft cost "
-         f"C={rep['cost']}  {rep['max_new_tokens']} new tokens (EOS ignored)  {rep['prompts_per_cell']} "
-         f"prompts/cell  reps {rep['reps']}  "
-         f"prepare {rep['prepare_s']:.1f} s (untimed)  run {rep['run_s']:.0f} s",
-         "decode-phase speedup vs plain: measured / cost model (error = predicted/measured - 1) / Leviathan with "
-         "measured verify cost v", ""]
-    L.append(f"{'alpha':>6}{'k':>3}" + "".join(f"{'b' + str(B):>22}" for B in rep["batches"]) + f"{'crossover':>11}")
-    by = {(x["alpha"], x["k"], x["batch"]): x for x in rep["cells"]}
-    for a in rep["alphas"]:
-        for k in rep["ks"]:
-            line = f"{a:>6}{k:>3}"
-            for B in rep["batches"]:
-                x = by[(a, k, B)]
-                mark = "" if x["identical"] else "!"
-                line += f"{x['measured_speedup']:>8.2f}/{x['predicted_speedup']:.2f}({x['error']:+.0%})/" \
-                        f"{x['leviathan_v_speedup']:.2f}{mark}".rjust(22)
-            cx = rep["crossover_batch"][f"{a}:{k}"]
-            L.append(line + f"{cx if cx is not None else '-':>11}")
-    L.append("")
-    L.append("per-round overhead o(batch), ms: " + ", ".join(f"b{b}: {o:.3f}" for b, o in rep["overhead_ms"].items()))
-    if "round_ms" in rep:
-        L.append("a round's time by width w, ms (plain runs and the alpha-0 calibration): " + "; ".join(
-            f"b{b}: " + " ".join(f"w{w} {t:.2f}" for w, t in ws.items()) for b, ws in rep["round_ms"].items()))
-        errs = sorted(abs(x["parts_error"]) for x in rep["cells"])
-        L.append(f"the model from parts timed apart (forwards + burn + o(batch)): {sum(e <= 0.15 for e in errs)}"
-                 f"/{len(errs)} cells within 15%, worst {errs[-1]:.0%}")
-    spreads = sorted(x["rep_spread"] for x in rep["cells"])
-    L.append(f"repeatability: each cell's repetitions differ from its median speedup by up to {spreads[0]:.0%} .. "
-             f"{spreads[-1]:.0%} (median cell {spreads[len(spreads) // 2]:.0%})")
-    for name, t in rep["targets"].items():
-        v = t["value"]
-        vs = f"{v:.3f}" if isinstance(v, float) else str(v)
-        op = "<=" if t.get("lower_is_better") else ">="
-        verdict = "info" if t["goal"] == "info" else ("MET" if t["met"] else "NOT MET")
-        L.append(f"target {name:<28} {vs:>7}  goal {op} {t['goal']}  {verdict}"
-                 + (f"  worst at {t['where']}" if "where" in t else ""))
-    return "\n".join(L)
-
-
-def run_from_args(args) -> int:
-    if getattr(args, "synthetic", False):
-        return run_synthetic(args)
-    return run_policies(args)

@@ -44,8 +44,12 @@ def cmd_bench(args) -> int:
         from .bench_serve import run_serve_bench
 
         return run_serve_bench(args)
-    if getattr(args, "policies", False) or getattr(args, "synthetic", False):
-        from .bench_policies import run_from_args as run_policies
+    if getattr(args, "synthetic", False):
+        from .bench_synthetic import run_synthetic
+
+        return run_synthetic(args)
+    if getattr(args, "policies", False):
+        from .bench_policies import run_policies
 
         return run_policies(args)
     if getattr(args, "tracker_fit", False):
@@ -98,7 +102,7 @@ def add_heads_arguments(p) -> None:
 
 def add_commands(subparsers) -> None:
     """Register ``bench`` on an argparse subparsers object."""
-    from .bench_policies import add_arguments as add_policy_arguments
+    from .bench_runs import add_arguments as add_policy_arguments
 
     b = subparsers.add_parser("bench", help="acceptance per workload and drafter (greedy and T=0.8)")
     b.add_argument("--workload", default=None, help="'all', a workload name, comma list or a .jsonl path "

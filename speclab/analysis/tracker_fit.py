@@ -82,7 +82,7 @@ def record_histories(target, drafter_name: str, workloads: list[str], ks: list[i
     from ..drafters import make_drafter
     from ..engine import make_policy
     from ..workloads import load_workload
-    from .bench_policies import at_concurrency
+    from .bench_runs import at_concurrency
     from .sweep import cached_model
 
     out = {}
