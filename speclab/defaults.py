@@ -31,10 +31,10 @@ def setup_threads(threads: int | None, lm=None) -> None:
     else 1-1024 (``--threads``)."""
     import torch
 
-    from .limits import check_int
+    from .limits import check_threads
 
     if threads is not None:
-        threads = check_int("--threads", threads, 1, 1024)
+        threads = check_threads(threads)
     if threads:
         torch.set_num_threads(threads)
     elif lm is not None and lm.device.type == "cpu" and lm.num_parameters() < 50_000_000:

@@ -51,8 +51,16 @@ def check_batch(b, hi: int = MAX_BATCH) -> int:
     return check_int("batch size", b, 1, hi)
 
 
-def check_max_new_tokens(n, hi: int = 1 << 20) -> int:
-    return check_int("max_new_tokens", n, 1, hi)
+MAX_THREADS = 1024  # torch CPU threads a command may ask for
+
+
+def check_max_new_tokens(n, hi: int = 1 << 20, name: str = "max_new_tokens") -> int:
+    """A token budget >= 1; ``name``: as the caller's user wrote it (``--max-new-tokens``, ``'max_tokens'``)."""
+    return check_int(name, n, 1, hi)
+
+
+def check_threads(n) -> int:
+    return check_int("--threads", n, 1, MAX_THREADS)
 
 
 def check_sampling(temperature, top_p, top_k, vocab: int | None = None) -> tuple[float, float, int]:

@@ -104,7 +104,7 @@ def _cmd_check_cpu(args) -> int:
         if part.strip():
             bits = part.split(":")
             try:
-                alpha, cost = (float(b) for b in bits) if len(bits) == 2 else (math.nan, math.nan)
+                alpha, cost = map(float, bits)  # two numbers, or a ValueError
             except ValueError:
                 alpha = cost = math.nan
             if not (math.isfinite(alpha) and math.isfinite(cost)):

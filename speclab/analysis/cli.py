@@ -10,20 +10,22 @@ def check_bench_args(args) -> None:
     """The numbers every ``speclab bench`` mode shares, checked before any model loads: one line for a bad one
     (each mode parses its lists again; ``--ks`` may hold 0 here, plain decoding, and modes that time only drafting
     refuse it themselves)."""
-    from ..limits import MAX_BATCH, MAX_K, check_int, check_k, parse_numbers
+    from ..limits import MAX_BATCH, MAX_K, check_int, check_k, check_max_new_tokens, check_threads, parse_numbers
 
     if args.reps is not None:
         check_int("--reps", args.reps, 1, 10_000)
     if args.prompts_per_workload is not None:
         check_int("--prompts-per-workload", args.prompts_per_workload, 1, 100_000)
     if getattr(args, "threads", None) is not None:
-        check_int("--threads", args.threads, 1, 1024)
-    check_int("--max-new-tokens", args.max_new_tokens, 1, 1 << 20)
+        check_threads(args.threads)
+    check_max_new_tokens(args.max_new_tokens, name="--max-new-tokens")
     check_k(args.k)
     if getattr(args, "requests", None) is not None:
         check_int("--requests", args.requests, 1, 1_000_000)
     if getattr(args, "max_concurrency", None) is not None:
-        check_int("--max-concurrency", args.max_concurrency, 1, 4096)
+        from ..load.shapes import MAX_CONCURRENCY
+
+        check_int("--max-concurrency", args.max_concurrency, 1, MAX_CONCURRENCY)
     if args.batches:
         parse_numbers(args.batches, "--batches", integer=True, hi=MAX_BATCH)
     if args.ks:

@@ -20,6 +20,7 @@ from ..errors import SpeclabError
 from ..limits import parse_numbers
 
 MAX_ARRIVALS = 100_000  # a duration-bounded open-loop run at a silly rate must not build a huge list
+MAX_CONCURRENCY = 4096  # streams at one closed-loop level
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class LoadLevel:
 
 def concurrency_levels(spec: str) -> list[LoadLevel]:
     """``"1,4,16"`` -> three closed-loop levels, in the order given."""
-    return [LoadLevel("concurrency", v) for v in parse_numbers(spec, "--concurrency", integer=True, hi=4096)]
+    return [LoadLevel("concurrency", v) for v in parse_numbers(spec, "--concurrency", integer=True, hi=MAX_CONCURRENCY)]
 
 
 def rate_levels(spec: str, burstiness: float = 1.0) -> list[LoadLevel]:

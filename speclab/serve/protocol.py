@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from ..engine.sampling import SamplingParams
 from ..errors import SpeclabError
-from ..limits import check_context, check_int, check_sampling, check_seed
+from ..limits import check_context, check_max_new_tokens, check_sampling, check_seed
 
 # parameters we do not implement: refused unless they carry their do-nothing value
 UNSUPPORTED = {"best_of": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
@@ -107,10 +107,10 @@ def _typed(body: dict, name: str, types: tuple, what: str, default=None):
     return v
 
 
-def _limit(param: str, fn, *args):
+def _limit(param: str, fn, *args, **kw):
     """Run a :mod:`speclab.limits` check; its one-line error becomes a 400 naming ``param``."""
     try:
-        return fn(*args)
+        return fn(*args, **kw)
     except SpeclabError as e:
         raise bad(str(e), param) from None
 
@@ -152,7 +152,7 @@ def _common(body: dict, info: ModelInfo, prompt_ids: list[int], prompt_param: st
         if max_tokens < 1:
             raise bad(f"the {prompt_param} ({len(prompt_ids)} tokens) fills the context of '{info.served_name}' "
                       f"({info.context} tokens)", prompt_param, "context_length_exceeded")
-    max_tokens = _limit("max_tokens", check_int, "'max_tokens'", max_tokens, 1, 1 << 20)  # named as the client sent it
+    max_tokens = _limit("max_tokens", check_max_new_tokens, max_tokens, name="'max_tokens'")  # as the client sent it
     param = prompt_param if len(prompt_ids) >= info.context else "max_tokens"
     try:
         check_context(len(prompt_ids), max_tokens, info.context, info.served_name)
