@@ -742,7 +742,7 @@ def exactness(part: Part, sz: Sizes, tmp: Path) -> None:
 def train_specs(sz: Sizes):
     """The stronger family: the shipped specs (run with ``train_scale`` x the batch and tokens, same steps);
     in the dry run, tiny models for two steps each."""
-    from speclab.family.train import DEFAULT_SPECS
+    from speclab.family.specs import DEFAULT_SPECS
 
     if not sz.train_tiny:
         return list(DEFAULT_SPECS)

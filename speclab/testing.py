@@ -28,7 +28,7 @@ def char_tokenizer(chars: str = CHARS):
 
 def bpe_tokenizer(vocab_size: int, texts: list[str] | None = None):
     """A byte-level BPE (the family's trainer) on ``texts``, by default the bundled workload prompts."""
-    from .family.train import hf_tokenizer, train_tokenizer
+    from .family.tokenizer import hf_tokenizer, train_tokenizer
     from .workloads import load_all
 
     if texts is None:

@@ -126,7 +126,7 @@ def test_train_command_sends_heads_to_the_head_trainer_and_the_module_entry_offe
 
 
 def test_quality_helpers():
-    from speclab.family.train import distinct_2, looks_like_python, python_line_rate
+    from speclab.family.quality import distinct_2, looks_like_python, python_line_rate
 
     assert distinct_2([1, 2, 1, 2, 1, 2]) == pytest.approx(2 / 5)
     assert distinct_2([1, 2, 3, 4]) == 1.0
@@ -141,7 +141,9 @@ def test_quality_helpers():
 def test_training_end_to_end(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from speclab.family.train import ModelSpec, TrainConfig, quality_report, train_family
+    from speclab.family.quality import quality_report
+    from speclab.family.specs import ModelSpec, TrainConfig
+    from speclab.family.train import train_family
 
     specs = [
         ModelSpec("target", "target", 32, 1, 2, 64, tokens=2048, lr=3e-3, batch=4, seq=32, warmup=2),
@@ -235,7 +237,7 @@ def test_bench_smoke():
 
 
 def test_spec_schedules_and_shared_seed():
-    from speclab.family.train import DEFAULT_SPECS, ModelSpec
+    from speclab.family.specs import DEFAULT_SPECS, ModelSpec
 
     s = ModelSpec("m", "draft", hidden=8, layers=1, heads=1, ffn=8, tokens=100, lr=1e-3,
                   copy_schedule=((0, 0.25), (10, 0.5)), code_schedule=((5, 0.34),))
@@ -261,7 +263,7 @@ def test_corpus_packages_and_batch_scale():
     ``package/path``, the standard library's names unchanged), an unknown package is a clear error; and
     --batch-scale keeps every schedule (in steps) while multiplying batch and tokens."""
     from speclab.family.corpus import code_documents, source_files
-    from speclab.family.train import DEFAULT_SPECS, scale_batches
+    from speclab.family.specs import DEFAULT_SPECS, scale_batches
 
     files = source_files(("numpy",))
     names = [n for n, _ in files]

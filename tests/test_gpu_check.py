@@ -75,7 +75,7 @@ def test_kernel_inputs_are_valid_acceptance_inputs():
 
 
 def test_train_specs_scale_batches_and_tokens_in_the_same_steps():
-    from speclab.family.train import DEFAULT_SPECS, scale_batches
+    from speclab.family.specs import DEFAULT_SPECS, scale_batches
 
     sz = gpu_check.Sizes()
     big = {s.name: s for s in scale_batches(gpu_check.train_specs(sz), int(sz.train_scale))}

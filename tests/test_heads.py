@@ -120,8 +120,8 @@ def test_ttt_mask_matches_the_drafting_chain():
 
 def test_short_training_run_gives_a_working_head(tmp_path, target_lm, plain_out):
     """train_head end to end on the tiny target (a few steps): it saves a head that loads and drafts exactly."""
+    from speclab.family.data import Data
     from speclab.family.heads import HeadSpec, HeadTrainConfig, train_head
-    from speclab.family.train import Data
 
     rng = np.random.default_rng(0)
     V = target_lm.vocab_size

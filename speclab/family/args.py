@@ -29,7 +29,7 @@ def add_train_arguments(p: argparse.ArgumentParser, heads: bool = True) -> None:
                         "--device cuda --batch-scale 10 --large-corpus)")
     p.add_argument("--large-corpus", action="store_true",
                    help="the larger corpus (standard library + torch, transformers and numpy sources, more records "
-                        "and copy-heavy text; speclab.family.train.LARGE_CORPUS) for long runs")
+                        "and copy-heavy text; speclab.family.specs.LARGE_CORPUS) for long runs")
     if heads:
         p.add_argument("--heads", action="store_true",
                        help="train the self-drafting heads (EAGLE, Medusa, early-exit adapter) on the shipped target "

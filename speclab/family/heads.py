@@ -35,17 +35,10 @@ import torch
 import torch.nn.functional as F
 
 from . import FAMILY_DIR, MANIFEST
-from .train import (
-    DRAFT_CODE,
-    DRAFT_COPY,
-    RunSettings,
-    batch_at,
-    corpus_data,
-    fraction_at,
-    load_model_dir,
-    load_tokenizer_file,
-    lr_at,
-)
+from .data import batch_at, corpus_data
+from .model_dir import load_model_dir
+from .specs import DRAFT_CODE, DRAFT_COPY, RunSettings, fraction_at, lr_at
+from .tokenizer import load_tokenizer_file
 
 RUNS = Path("runs/heads")
 

@@ -6,6 +6,9 @@
 Checkpoints go to ``runs/family/`` (ignored by git); an interrupted run resumes from them.
 Every number that matters (steps, batch, learning rate) is derived from the spec and the seed,
 so two runs with the same seed see the same batches in the same order.
+
+The pieces: ``specs`` (what each model is), ``tokenizer``, ``data`` (token streams and batches), ``model_dir``
+(a model as a Hugging Face directory), ``quality`` (the target's samples checked); this file trains.
 """
 
 from __future__ import annotations
@@ -13,12 +16,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
-import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,144 +27,20 @@ import torch.nn.functional as F
 
 from . import FAMILY_DIR
 from .args import add_train_arguments
-from .corpus import Corpus, build_corpus, copy_documents
-
-EOT = "<|endoftext|>"
-
-
-# ----------------------------------------------------------------------------------------------
-# specs
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    role: str  # target | draft | distilled-draft | mismatched
-    hidden: int
-    layers: int
-    heads: int
-    ffn: int
-    tokens: int  # training tokens
-    lr: float
-    batch: int = 12
-    seq: int = 384
-    tokenizer: str = "main"  # "main" or "alt"
-    teacher: str | None = None  # name of the model whose soft distributions are the labels
-    init_from: str | None = None  # start from this trained model's weights (same architecture)
-    warmup: int = 100
-    weight_decay: float = 0.1
-    # ((from_step, fraction), ...): share of each batch drawn from copy-heavy documents
-    # (corpus.copy_documents) from that step on
-    copy_schedule: tuple = ()
-    # the same for extra rows drawn from the code documents only (code is the hardest source)
-    code_schedule: tuple = ()
-    # models with the same seed_name start from the same weights and see the same batches
-    seed_name: str | None = None
-
-    def copy_fraction_at(self, step: int) -> float:
-        return fraction_at(self.copy_schedule, step)
-
-    def code_fraction_at(self, step: int) -> float:
-        return fraction_at(self.code_schedule, step)
-
-    def key(self) -> str:
-        d = asdict(self)
-        for k in ("copy_schedule", "code_schedule", "seed_name"):
-            if not d[k]:  # fields added later: absent means () / None
-                d.pop(k)
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
-
-    def resume_key(self) -> str:
-        """Like :meth:`key` but without the token budget: a checkpoint survives a changed budget
-        (the cosine schedule then stretches or shrinks over the remaining steps)."""
-        d = asdict(self)
-        for k in ("tokens", "copy_schedule", "code_schedule"):  # budget and data mixture, not the model
-            d.pop(k)
-        for k in ("init_from", "seed_name"):
-            if d.get(k) is None:  # fields added later; absent means the same as None
-                d.pop(k)
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def fraction_at(schedule: tuple, step: int) -> float:
-    """The share a mixing schedule ((start step, share), ...) gives at ``step``: the last entry started."""
-    frac = 0.0
-    for start, f in schedule:
-        if step >= start:
-            frac = f
-    return frac
-
-
-DRAFT_COPY = ((0, 0.25),)  # the target's late mixture, from the first step
-DRAFT_CODE = ((0, 0.34),)
-
-DEFAULT_SPECS: list[ModelSpec] = [
-    # the target: ~7M general tokens, then copy-heavy and code-only rows mixed in so it learns to copy from
-    # its context and spends more of its budget on code (records are learned early: held-out loss < 1)
-    ModelSpec("target", "target", hidden=256, layers=6, heads=4, ffn=688, tokens=17_000_000, lr=1.5e-3,
-              copy_schedule=((976, 0.25), (1193, 0.5), (1519, 0.25)), code_schedule=((1519, 0.34),)),
-    # Drafts: two sizes, each trained twice on the same data mixture and token budget, once on the
-    # corpus's next tokens (cross-entropy) and once distilled: KL(target || draft) on the target's full
-    # soft distributions (DistillSpec-style). Same size, initial weights, batches and token budget (a
-    # shared seed_name): only the labels differ.
-    ModelSpec("draft-s", "draft", hidden=160, layers=4, heads=4, ffn=432, tokens=4_000_000, lr=3e-3,
-              copy_schedule=DRAFT_COPY, code_schedule=DRAFT_CODE),
-    ModelSpec("draft-distill", "distilled-draft", hidden=160, layers=4, heads=4, ffn=432, tokens=4_000_000,
-              lr=3e-3, teacher="target", copy_schedule=DRAFT_COPY, code_schedule=DRAFT_CODE, seed_name="draft-s"),
-    ModelSpec("draft-xs", "draft", hidden=96, layers=2, heads=2, ffn=256, tokens=4_000_000, lr=4e-3,
-              copy_schedule=DRAFT_COPY, code_schedule=DRAFT_CODE),
-    ModelSpec("draft-xs-distill", "distilled-draft", hidden=96, layers=2, heads=2, ffn=256, tokens=4_000_000,
-              lr=4e-3, teacher="target", copy_schedule=DRAFT_COPY, code_schedule=DRAFT_CODE,
-              seed_name="draft-xs"),
-    ModelSpec("mismatch", "mismatched", hidden=96, layers=2, heads=2, ffn=256, tokens=500_000, lr=4e-3,
-              tokenizer="alt"),
-]
-
-
-@dataclass
-class RunSettings:
-    """What every training run of the family takes (the models here, the heads in :mod:`.heads`): its seed, a
-    scale on every token budget, which items to train, CPU threads and bf16 autocast, the held-out tokens of
-    its evaluation, how often it checkpoints, and the copy-heavy text it mixes in."""
-
-    seed: int = 0
-    minutes_scale: float = 1.0
-    only: list[str] | None = None
-    threads: int = 2
-    bf16: bool = True
-    eval_tokens: int = 150_000
-    ckpt_every_s: float = 90.0
-    copy_chars: int = 2_000_000
-
-
-@dataclass
-class TrainConfig(RunSettings):
-    out_dir: Path = FAMILY_DIR
-    runs_dir: Path = Path("runs/family")
-    vocab_size: int = 2048
-    alt_vocab_size: int = 1024
-    corpus_kwargs: dict = field(default_factory=dict)
-    specs: list[ModelSpec] = field(default_factory=lambda: list(DEFAULT_SPECS))
-    wait_for_init_s: float = 3600.0
-    quality: bool = True
-    acceptance: bool = True
-    progress: bool = True
-    device: str = "cpu"  # "cuda" trains on a GPU (bf16 autocast there too); the weights are saved the same way
-    # every model's batch and token budget times this (same steps, learning rates and mixing schedules):
-    # a GPU's way to train on more tokens in the same number of steps (the stronger family: 10)
-    batch_scale: int = 1
-    # tokenizers are trained on at most this many characters of the (shuffled) training documents (None: all)
-    tokenizer_chars: int | None = None
-
-
-# The GPU-trained family's corpus (speclab train --large-corpus): the standard library plus the sources of
-# torch, transformers and numpy (code and docstrings), more records and more copy-heavy text, so that 10x the
-# tokens (--batch-scale 10) are about 5 passes over the data, not 30 over the standard library alone (which
-# overfits: the target's held-out prose loss rose from 2.43 to 3.31 and it stopped copying from its context).
-LARGE_CORPUS = dict(code_chars=60_000_000, prose_chars=20_000_000, record_chars=25_000_000,
-                    packages=("torch", "transformers", "numpy"))
-LARGE_COPY_CHARS = 20_000_000
-LARGE_TOKENIZER_CHARS = 40_000_000
+from .corpus import Corpus, build_corpus
+from .data import Data, batch_at, corpus_data
+from .model_dir import load_model_dir, n_params, new_model, save_model_dir
+from .quality import prompts_for_quality, quality_report
+from .specs import (
+    LARGE_COPY_CHARS,
+    LARGE_CORPUS,
+    LARGE_TOKENIZER_CHARS,
+    ModelSpec,
+    TrainConfig,
+    lr_at,
+    scale_batches,
+)
+from .tokenizer import EOT, load_tokenizer_file, tokenizer_id, train_tokenizer
 
 
 def _capped(texts, max_chars: int | None):
@@ -174,159 +50,6 @@ def _capped(texts, max_chars: int | None):
             return
         total += len(t)
         yield t
-
-
-def scale_batches(specs: list[ModelSpec], factor: int) -> list[ModelSpec]:
-    """``factor`` x every spec's batch and tokens: the same number of steps, so learning-rate and mixing
-    schedules (given in steps) stay as they are, each step seeing ``factor`` x the rows."""
-    if factor == 1:
-        return list(specs)
-    return [replace(s, batch=s.batch * factor, tokens=s.tokens * factor) for s in specs]
-
-
-# ----------------------------------------------------------------------------------------------
-# tokenizer
-
-
-def train_tokenizer(texts, vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    return tok
-
-
-def tokenizer_id(tok) -> str:
-    """Identity of a tokenizer: a hash of its token->id map and special tokens."""
-    vocab = tok.get_vocab(with_added_tokens=True)
-    blob = json.dumps(sorted(vocab.items(), key=lambda kv: kv[1]), ensure_ascii=True)
-    return "bpe%d-%s" % (len(vocab), hashlib.sha256(blob.encode()).hexdigest()[:10])
-
-
-def hf_tokenizer(tok, max_length: int = 1024):
-    """The ``transformers`` tokenizer around a trained one: EOT is BOS, EOS and PAD."""
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT, unk_token=None,
-                                   pad_token=EOT, model_max_length=max_length)
-
-
-def save_hf_tokenizer(tok, directory: Path, max_length: int = 1024) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    hf_tokenizer(tok, max_length).save_pretrained(str(directory))
-
-
-def load_tokenizer_file(path: Path):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(path))
-
-
-# ----------------------------------------------------------------------------------------------
-# data
-
-
-def encode_docs(tok, docs) -> np.ndarray:
-    eot = tok.token_to_id(EOT)
-    enc = tok.encode_batch([d.text for d in docs])
-    parts = []
-    for e in enc:
-        parts.append(np.asarray(e.ids, dtype=np.uint16))
-        parts.append(np.asarray([eot], dtype=np.uint16))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
-
-
-@dataclass
-class Data:
-    train: np.ndarray
-    heldout: np.ndarray
-    heldout_by_source: dict[str, np.ndarray]
-    copy: np.ndarray | None = None
-    code: np.ndarray | None = None
-
-
-def _cached_stream(path: Path, build) -> np.ndarray:
-    """A token stream saved beside the checkpoints: built once, loaded after."""
-    if path.exists():
-        return np.load(path)
-    arr = build()
-    np.save(path, arr)
-    return arr
-
-
-def encode_corpus(tok, corpus: Corpus) -> Data:
-    by_src = {}
-    for src in sorted({d.source for d in corpus.heldout}):
-        by_src[src] = encode_docs(tok, [d for d in corpus.heldout if d.source == src])
-    return Data(encode_docs(tok, corpus.train), encode_docs(tok, corpus.heldout), by_src)
-
-
-def corpus_data(corpus: Corpus, tok, kind: str, runs_dir: Path, seed: int, copy_chars: int, log=print) -> Data:
-    """The token streams every model trains on (general, held-out per source, copy-heavy, code only),
-    encoded once and cached in ``runs_dir`` (also used by the self-drafting heads, speclab.family.heads)."""
-    fp, tid = corpus.fingerprint(), tokenizer_id(tok)
-    path = Path(runs_dir) / f"data-{kind}-{fp}-{tid}.npz"
-    if path.exists():
-        z = np.load(path)
-        data = Data(z["train"], z["heldout"], {k[3:]: z[k] for k in z.files if k.startswith("ho_")})
-    else:
-        data = encode_corpus(tok, corpus)
-        np.savez(path, train=data.train, heldout=data.heldout,
-                 **{"ho_" + k: v for k, v in data.heldout_by_source.items()})
-    data.copy = _cached_stream(Path(runs_dir) / f"copy2-{kind}-{fp}-{tid}.npy", lambda: encode_docs(
-        tok, copy_documents(corpus.train, seed, copy_chars)))
-    data.code = _cached_stream(Path(runs_dir) / f"code-{kind}-{fp}-{tid}.npy", lambda: encode_docs(
-        tok, [d for d in corpus.train if d.source == "code"]))
-    log(f"data {kind}: {len(data.train):,} train tokens, {len(data.heldout):,} held-out, "
-        f"{len(data.copy):,} copy-heavy, {len(data.code):,} code")
-    return data
-
-
-def batch_at(data: np.ndarray, seed: int, step: int, batch: int, seq: int) -> torch.Tensor:
-    rng = np.random.default_rng([seed, step])
-    starts = rng.integers(0, len(data) - seq - 1, size=batch)
-    x = np.stack([data[s : s + seq + 1] for s in starts]).astype(np.int64)
-    return torch.from_numpy(x)
-
-
-# ----------------------------------------------------------------------------------------------
-# models
-
-
-def make_config(spec: ModelSpec, vocab_size: int, eot_id: int):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=spec.hidden, num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads, num_key_value_heads=spec.heads, intermediate_size=spec.ffn,
-        max_position_embeddings=1024, rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-        attention_bias=False, mlp_bias=False, hidden_act="silu", initializer_range=0.02,
-        bos_token_id=eot_id, eos_token_id=eot_id, pad_token_id=eot_id,
-    )
-
-
-def new_model(spec: ModelSpec, vocab_size: int, eot_id: int, seed: int):
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(make_config(spec, vocab_size, eot_id))
-    model.config._attn_implementation = "sdpa"
-    return model
-
-
-def n_params(model) -> int:
-    return sum(p.numel() for p in model.parameters())  # tied embeddings counted once
-
-
-def lr_at(step: int, total: int, spec: ModelSpec) -> float:
-    if step < spec.warmup:
-        return spec.lr * (step + 1) / spec.warmup
-    prog = (step - spec.warmup) / max(1, total - spec.warmup)
-    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, prog))))
 
 
 @torch.no_grad()
@@ -344,36 +67,6 @@ def heldout_loss(model, data: np.ndarray, seq: int, max_tokens: int) -> float:
         cnt += x[:, 1:].numel()
     model.train()
     return tot / max(1, cnt)
-
-
-def save_model_dir(model, tok, directory: Path) -> None:
-    """HF directory: config.json (fp32 compute dtype), model.safetensors (fp16 storage), tokenizer."""
-    import copy
-
-    tmp = directory.with_name(directory.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    m = copy.deepcopy(model).to("cpu", torch.float16)
-    m.save_pretrained(str(tmp), safe_serialization=True)
-    cfg_path = tmp / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    for k in ("dtype", "torch_dtype"):
-        if k in cfg:
-            cfg[k] = "float32"
-    cfg.pop("_attn_implementation", None)
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    save_hf_tokenizer(tok, tmp)
-    if directory.exists():
-        shutil.rmtree(directory)
-    tmp.rename(directory)
-
-
-def load_model_dir(directory: Path):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
-    model.config._attn_implementation = "sdpa"
-    return model
 
 
 def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, init_state=None,
@@ -482,141 +175,6 @@ def train_one(spec: ModelSpec, cfg: TrainConfig, data: Data, tok, teacher=None, 
     return entry
 
 
-# ----------------------------------------------------------------------------------------------
-# quality
-
-
-def distinct_2(ids: list[int]) -> float:
-    grams = list(zip(ids, ids[1:]))
-    return len(set(grams)) / max(1, len(grams))
-
-
-def looks_like_python(text: str) -> bool:
-    """Heuristic: the prompt+continuation, cut at its last complete line, parses after dropping up to
-    four trailing lines and closing an open block with ``pass``."""
-    import ast
-
-    lines = text.split("\n")[:-1] if "\n" in text else [text]
-    for drop in range(0, 5):
-        cand = lines[: len(lines) - drop] if drop else lines
-        if not cand:
-            break
-        src = "\n".join(cand)
-        for suffix in ("", "\n" + " " * (len(cand[-1]) - len(cand[-1].lstrip()) + 4) + "pass"):
-            try:
-                ast.parse(src + suffix)
-                return True
-            except SyntaxError:
-                pass
-            except Exception:
-                break
-    return False
-
-
-def python_line_rate(text: str) -> float:
-    """Share of non-blank lines that are valid Python on their own: statements that parse (a block
-    opener gets a ``pass`` body, ``else``/``except``/... get their head, an unclosed call its closers),
-    comments, and lines inside a triple-quoted string (docstrings)."""
-    import ast
-
-    closers = {"(": ")", "[": "]", "{": "}"}
-    ok = total = 0
-    in_str = False
-    for raw in text.split("\n"):
-        line = raw.strip()
-        if not line:
-            continue
-        total += 1
-        quotes = line.count('"""') + line.count("'''")
-        if in_str or quotes:
-            ok += 1
-            if quotes % 2:
-                in_str = not in_str
-            continue
-        if line.startswith("#"):
-            ok += 1
-            continue
-        cand = line
-        for head, prefix in (("elif ", "if 0: pass\n"), ("else", "if 0: pass\n"), ("except", "try: pass\n"),
-                             ("finally", "try: pass\n")):
-            if cand.startswith(head):
-                cand = prefix + cand
-                break
-        if cand.endswith(":"):
-            cand += " pass"
-        stack = []
-        for ch in line:
-            if ch in closers:
-                stack.append(closers[ch])
-            elif stack and ch == stack[-1]:
-                stack.pop()
-        cand = cand.rstrip(",") + "".join(reversed(stack))
-        if cand.startswith(("return", "yield", "await")):
-            cand = "def f():\n " + cand
-        elif cand.startswith(("break", "continue")):
-            cand = "while 1:\n " + cand
-        try:
-            ast.parse(cand)
-            ok += 1
-        except (SyntaxError, ValueError):
-            pass
-    return ok / total if total else 0.0
-
-
-def quality_report(model_dir: Path, prompts: list[str], code_prompts: list[str] | None = None,
-                   max_new_tokens: int = 128, temperature: float = 0.8, seed: int = 0) -> dict:
-    """Samples ``max_new_tokens`` at ``temperature`` with HF ``generate`` and reports the mean fraction
-    of distinct 2-grams, the share of samples above 0.5, and (code prompts) how many parse as Python."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = load_model_dir(model_dir).eval()
-    d2, samples, parsed = [], [], []
-    code_prompts = code_prompts or []
-    for i, p in enumerate(list(prompts) + list(code_prompts)):
-        torch.manual_seed(seed + i)
-        enc = tok(p, return_tensors="pt")
-        with torch.no_grad():
-            out = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-                                 max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                                 pad_token_id=tok.eos_token_id)
-        new = out[0, enc["input_ids"].shape[1]:].tolist()
-        d2.append(distinct_2(new))
-        text = tok.decode(new)
-        samples.append({"prompt": p[-200:], "continuation": text, "distinct_2": round(d2[-1], 3)})
-        if i >= len(prompts):
-            parsed.append(looks_like_python(p + text))
-            samples[-1]["python_line_rate"] = round(python_line_rate(text), 3)
-    return {
-        "temperature": temperature, "max_new_tokens": max_new_tokens, "n": len(d2),
-        "distinct_2_mean": round(float(np.mean(d2)), 4), "distinct_2_min": round(float(np.min(d2)), 4),
-        "share_distinct_2_ge_0.5": round(float(np.mean([x >= 0.5 for x in d2])), 4),
-        "code_parse_rate": round(float(np.mean(parsed)), 4) if parsed else None,
-        "code_python_line_rate": round(float(np.mean([s["python_line_rate"] for s in samples
-                                                      if "python_line_rate" in s])), 4) if parsed else None,
-        "samples": samples,
-    }
-
-
-# ----------------------------------------------------------------------------------------------
-# driver
-
-
-def _prompts_for_quality() -> tuple[list[str], list[str]]:
-    try:
-        from speclab.workloads import load_workload
-
-        code = [p.prompt for p in load_workload("code")][:12]
-        other = []
-        for w in ("json", "tech_prose", "creative"):
-            other += [p.prompt for p in load_workload(w)][:4]
-        return other, code
-    except Exception:
-        code = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(path):\n",
-                "class Stack:\n    def __init__(self):\n"]
-        return ["The following example shows", '{"id": 1, "name": "'], code
-
-
 def train_family(cfg: TrainConfig, log=print, after_each=None) -> dict:
     """Corpus, tokenizers, then every model in order; ``after_each(entry)`` is called as each model is saved
     (the GPU check packs the weights so far, so a run stopped at its time limit still returns them)."""
@@ -713,7 +271,7 @@ def train_family(cfg: TrainConfig, log=print, after_each=None) -> dict:
     report = {"models": [entries[s.name] for s in specs if s.name in entries]}
     if cfg.quality and "target" in entries:
         log("quality check of the target (temperature 0.8, 128 tokens) ...")
-        other, code = _prompts_for_quality()
+        other, code = prompts_for_quality()
         q = quality_report(cfg.out_dir / "models" / "target", other, code)
         report["quality"] = q
         manifest = json.loads(manifest_path.read_text())
