@@ -204,15 +204,15 @@ def test_stop_says_stopped_again_after_late_updates_unless_a_run_goes():
 
     import gradio as gr
 
-    from speclab.app import ui
+    from speclab.app.ui import common
 
     gate = jobs.StopGate()
     t = time.monotonic()
-    assert ui._restate(gate, "⏹ stopped") == "⏹ stopped"
+    assert common.restate(gate, "⏹ stopped") == "⏹ stopped"
     assert 0.5 * jobs.StopGate.QUIET_S <= time.monotonic() - t < jobs.StopGate.QUIET_S  # before a new run may start
     running = jobs.StopGate()
     assert running.begin() and not running.idle
-    assert isinstance(ui._restate(running, "⏹ stopped"), type(gr.skip()))
+    assert isinstance(common.restate(running, "⏹ stopped"), type(gr.skip()))
 
 
 def test_command_line_defaults_are_local(monkeypatch):
@@ -253,13 +253,13 @@ def test_requirements_match_pyproject():
 def test_spaces_decorator_is_a_noop_without_spaces():
     import importlib.util
 
-    from speclab.app import ui
+    from speclab.app.ui import common
 
     if importlib.util.find_spec("spaces") is None:
         def f(x):
             return x
 
-        assert ui.gpu(60)(f) is f
+        assert common.gpu(60)(f) is f
 
 
 # ------------------------------------------------------------------------------ slow: the running app
@@ -472,7 +472,7 @@ def test_load_tab_dead_server_is_one_line(models):
 def test_tree_decode_draws_the_rounds(models):
     """Heads and trees in the Decode tab: a tree proposal's rounds come back with their trees, drawn as SVG
     (fates coloured, the accepted path highlighted); early exit refuses trees in one line."""
-    from speclab.app import ui
+    from speclab.app.ui import tab_decode
     from speclab.drafters.heads import list_heads
 
     if not any(h["name"] == "eagle" for h in list_heads()):
@@ -484,9 +484,9 @@ def test_tree_decode_draws_the_rounds(models):
     assert s.drafter_spec == "eagle:tree=dynamic:nodes=8"
     view = list(decode.run_decode(cfg, s))[-1].to_dict()
     assert view["trees"] and all(len(t["tree"]["tokens"]) <= 8 for t in view["trees"])
-    svg = ui._tree_html(cfg, view, ui.ALL_ROWS, 1)
+    svg = tab_decode.tree_html(cfg, view, tab_decode.ALL_ROWS, 1)
     assert "<svg" in svg and "#1a7f37" in svg and "round" in svg
-    assert "No token trees" in ui._tree_html(cfg, {"trees": []}, ui.ALL_ROWS, 1)
+    assert "No token trees" in tab_decode.tree_html(cfg, {"trees": []}, tab_decode.ALL_ROWS, 1)
     with pytest.raises(SpeclabError, match="chains only"):
         decode.validate_decode(cfg, "x", cfg.default_target, "early-exit", 4, 1, 0.0, 1.0, 8, 0, tree="static")
 
