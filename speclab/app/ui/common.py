@@ -53,6 +53,7 @@ def lenient(comp):
 
 
 def one_line(e: BaseException) -> str:
+    """The page's one line for an error: a SpeclabError as it is, anything else logged with its traceback and named."""
     if isinstance(e, SpeclabError):
         return str(e)
     log.error("unexpected error in the app:\n%s", "".join(traceback.format_exception(e)))
@@ -61,6 +62,7 @@ def one_line(e: BaseException) -> str:
 
 
 def error_md(msg: str) -> str:
+    """One line in the page, in the error colour (the message escaped)."""
     return f'<div class="speclab-error">⚠ {html.escape(msg)}</div>'
 
 
@@ -73,7 +75,7 @@ def run_and_stop(run_btn, stop_btn, fn, inputs: list, outputs: list, gate, name:
 
 def stop_button(stop_btn, gate, status, said: str, cancels: list) -> None:
     """Stop: cancel ``cancels``, end the run the ``gate`` guards, say ``said`` in ``status``; then say it again once
-    updates the run had already sent have landed (:func:`_restate`)."""
+    updates the run had already sent have landed (:func:`restate`)."""
     stop_btn.click(lambda g: stop(g, said), gate, status, cancels=cancels, api_visibility="private").then(
         lambda g: restate(g, said), gate, status, api_visibility="private")
 
@@ -95,6 +97,7 @@ def restate(gate: jobs.StopGate, said: str):
 
 
 def label(name: str) -> str:
+    """How a model is named in the page: the family's label for it, a directory's last part, or as given."""
     if name in config.DRAFT_LABELS:
         return config.DRAFT_LABELS[name]
     return os.path.basename(os.path.normpath(name)) if os.path.isdir(name) else name
