@@ -275,3 +275,16 @@ def test_only_the_apps_layout_imports_gradio():
             if any(n == "gradio" or n.startswith("gradio.") for n in names):
                 bad.append(f"{MODULES[m].relative_to(ROOT)}:{node.lineno}")
     assert not bad, "Gradio imported outside speclab/app/ui/:\n" + "\n".join(bad)
+
+
+def test_the_repository_installs_and_holds_one_top_level_package():
+    """Only ``speclab`` is importable from the repository's root and installed by pyproject: a top-level name of our
+    own shadows a PyPI package of that name, in the checkout and in site-packages. The lab's Triton kernels lived in a
+    top-level ``kernels/``; transformers 5.25 probes Hugging Face's ``kernels`` library, imported ours instead, and
+    every model load failed in a clean install."""
+    import re
+
+    packages = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())
+    assert packages == ["speclab"], packages
+    include = re.search(r"^include\s*=\s*\[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert include and [s.strip().strip("\"'") for s in include.group(1).split(",")] == ["speclab*"]

@@ -5,7 +5,7 @@ that the rejection rule compares are the ones the tokens were really drawn from.
 
 All randomness comes in as uniform draws in [0, 1). Sampling is then a pure function
 (inverse CDF), which makes rows reproducible from per-row seeds and gives a fused kernel a
-single, testable contract (see ``kernels/``).
+single, testable contract (see :mod:`speclab.kernels`).
 """
 
 from __future__ import annotations

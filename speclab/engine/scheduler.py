@@ -96,7 +96,7 @@ def rejection_impl(device: torch.device):
     """The fused Triton kernel on CUDA when Triton is installed, else the pure PyTorch reference."""
     if device.type == "cuda":
         try:
-            from kernels import fused_rejection_sample, triton_available
+            from ..kernels import fused_rejection_sample, triton_available
 
             if triton_available(device):
                 return fused_rejection_sample

@@ -119,7 +119,7 @@ if HAVE_TRITON:
 def fused_rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next,
                            block_v: int | None = None):
     """Same contract as :func:`speclab.engine.acceptance.rejection_sample`; falls back to it without Triton."""
-    from speclab.engine.acceptance import RESIDUAL_EPS_FIXED, AcceptResult, rejection_sample
+    from ..engine.acceptance import RESIDUAL_EPS_FIXED, AcceptResult, rejection_sample
 
     if not triton_available(target_probs.device):
         return rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next)
