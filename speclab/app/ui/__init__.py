@@ -13,7 +13,7 @@ import gradio as gr
 from .. import config
 from ..config import DEFAULT_WORKLOAD, AppConfig
 from . import tab_advisor, tab_decode, tab_load, tab_sweep, tab_timing
-from .common import CSS, Shared, error_md, label
+from .common import CSS, Shared, error_md, label, log
 
 __all__ = ["CSS", "INTRO", "build_demo"]
 
@@ -23,9 +23,20 @@ longest prefix it agrees with, then adds one token of its own. Output is exactly
 produce; the question is whether it comes faster."""
 
 
+def workload_examples() -> dict[str, list]:
+    """Every workload's example prompts, by name (none when the workloads cannot be read)."""
+    try:
+        from ...workloads import list_workloads, load_workload
+
+        return {w: load_workload(w) for w in list_workloads()}
+    except Exception as e:  # noqa: BLE001 - the app still works with typed prompts
+        log.warning("no workloads: %s", e)
+        return {}
+
+
 def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
     cfg = cfg or AppConfig.from_env()
-    examples = tab_decode.workload_examples()
+    examples = workload_examples()
     workloads = list(examples)
     # the first screen opens on a workload where speculation pays on the embedded family (JSON records)
     first_wl = DEFAULT_WORKLOAD if DEFAULT_WORKLOAD in workloads else (workloads[0] if workloads else None)

@@ -9,7 +9,7 @@ from ... import viz
 from ...errors import SpeclabError
 from .. import config, decode, jobs, models
 from ..config import DEFAULT_K, DEFAULT_POLICY, AppConfig
-from .common import Shared, error_md, gpu, label, lenient, log, one_line, stop_button
+from .common import Shared, error_md, gpu, label, lenient, one_line, stop_button
 
 ALL_ROWS = "all rows"
 
@@ -57,16 +57,6 @@ def run_status(view: decode.RunView) -> str:
 
 def row_choices(batch: int) -> list[str]:
     return [ALL_ROWS] + [f"row {b}" for b in range(batch)]
-
-
-def workload_examples() -> dict[str, list]:
-    try:
-        from ...workloads import list_workloads, load_workload
-
-        return {w: load_workload(w) for w in list_workloads()}
-    except Exception as e:  # noqa: BLE001 - the app still works with typed prompts
-        log.warning("no workloads: %s", e)
-        return {}
 
 
 def example_choices(examples: dict, workload: str | None) -> list[tuple[str, str]]:
