@@ -20,6 +20,7 @@ import sys
 
 from ..errors import SpeclabError
 from ..optional import require_package
+from .arrival import stamp_listener
 
 SPEC_HELP = ("speculation, as vLLM's JSON: {\"method\": \"draft_model\"|\"ngram\"|\"synthetic\", \"model\": NAME, "
              "\"num_speculative_tokens\": K, \"prompt_lookup_max\": N, \"prompt_lookup_min\": N}, or 'none' for plain "
@@ -74,6 +75,10 @@ def add_commands(sub) -> None:
                    help="uvicorn's HTTP parser; auto (default): httptools (C) when installed, else h11 (pure Python)")
     p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
                    help="the event loop; auto (default): uvloop when installed, else asyncio's")
+    p.add_argument("--arrival", choices=("kernel", "read"), default="kernel",
+                   help="where a request's clock (TTFT, queue time, E2E) starts: 'kernel' (default) when its bytes "
+                        "reached the machine (the kernel's receive time, Linux; elsewhere as 'read'), 'read' when the "
+                        "server's event loop read them (vLLM's arrival: a loop waiting for a CPU is not counted)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -89,6 +94,7 @@ def listen(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         raise SpeclabError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    stamp_listener(sock)  # requests' arrival: when the kernel received them (speclab/serve/arrival.py)
     return sock
 
 
@@ -172,9 +178,9 @@ def cmd_serve(args) -> int:
     print(f"speclab serve: model {target.name} served as '{served}' · speculation: {spec.describe()} · policy "
           f"{policy.name} · up to {max_seqs} running, {max_wait} waiting · context {server.info.context} · "
           f"{engine_where(server.engine)} · http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    http = stamping_protocol(args.http, kernel=args.arrival == "kernel")
     config = uvicorn.Config(app, log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
-                            lifespan="on", timeout_graceful_shutdown=None, http=stamping_protocol(args.http),
-                            loop=args.loop)
+                            lifespan="on", timeout_graceful_shutdown=None, http=http, loop=args.loop)
     draining_server(config, server).run(sockets=[sock])
     return 0
 

@@ -7,7 +7,6 @@ import threading
 import time
 
 from ..errors import SpeclabError
-from ..ports import free_port
 
 
 class InProcessServer:
@@ -19,15 +18,18 @@ class InProcessServer:
 
         from .app import create_app
         from .arrival import stamping_protocol
+        from .cli import listen
 
         self.server = server
-        self.port = free_port()
+        self.sock = listen("127.0.0.1", 0)  # bound now: no other process can take the port before uvicorn starts
+        self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.timeout = startup_timeout
         self.uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=self.port,
                                                 log_level="critical", access_log=False,
                                                 http=stamping_protocol()))
-        self.thread = threading.Thread(target=self.uv.run, daemon=True, name=f"speclab-serve-{self.port}")
+        self.thread = threading.Thread(target=self.uv.run, kwargs={"sockets": [self.sock]}, daemon=True,
+                                       name=f"speclab-serve-{self.port}")
 
     def start(self) -> "InProcessServer":
         import httpx
@@ -50,6 +52,7 @@ class InProcessServer:
         self.uv.should_exit = True
         if self.thread.is_alive():
             self.thread.join(30)
+        self.sock.close()
 
     def __enter__(self) -> "InProcessServer":
         return self.start()
