@@ -717,6 +717,44 @@ def test_ttft_clock_starts_at_arrival(models):
     assert delay <= delta("vllm:e2e_request_latency_seconds_sum") <= client_e2e
 
 
+class SlowDecoding:
+    """The target LM, except that decoding tokens to text takes ``delay`` seconds: the HTTP side's work between a
+    token's arrival and its chunk going out made long enough to measure."""
+
+    tokenizer = None  # (no shortcut to the Rust decoder: every decode comes here)
+
+    def __init__(self, lm, delay: float):
+        self._lm, self._delay = lm, delay
+
+    def __getattr__(self, name):
+        return getattr(self._lm, name)
+
+    def decode(self, ids):
+        time.sleep(self._delay)
+        return self._lm.decode(ids)
+
+
+def test_ttft_ends_when_the_first_chunk_is_written(models):
+    """A streamed request's TTFT ends when its first chunk with output has been handed to the connection, as a
+    client sees it: the HTTP side's detokenising and formatting after the token came from the engine is counted."""
+    from speclab.engine import Off
+    from speclab.serve.app import Server
+
+    delay = 0.2
+    server = Server(SlowDecoding(models["target"], delay), None, Off(), served_name="slow")
+    body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0, "stream": True, "ignore_eos": True}
+    with InProcess(server) as srv:
+        m0 = scrape(srv.url)
+        out = asyncio.run(_one(srv.url + "/v1/completions", body, {}))
+        m1 = scrape(srv.url)
+    assert out["status"] == 200 and out["text"]
+    def delta(name):
+        return metric(m1, name) - metric(m0, name)
+
+    assert delta("vllm:time_to_first_token_seconds_count") == 1
+    assert delta("vllm:time_to_first_token_seconds_sum") >= delay
+
+
 @pytest.mark.parametrize("http", ["h11", "httptools"])
 def test_arrival_is_stamped_when_the_request_is_read(http):
     """speclab serve's HTTP protocol stamps a request when the loop reads its first bytes, before the app's task
@@ -988,3 +1026,89 @@ def test_core_shares_and_cpu_plan():
         assert plan_cpus("auto", 1) == ({allowed[0]}, set(allowed[1:]))
     else:
         assert plan_cpus("auto", 1) is None
+
+
+def test_kernel_stamp_converts_the_packets_wall_time_to_the_servers_clock():
+    import struct
+
+    from speclab.serve.arrival import MAX_LAG, SO_TIMESTAMPNS, kernel_stamp
+
+    def anc(t):
+        sec = int(t)
+        return [(socket.SOL_SOCKET, SO_TIMESTAMPNS, struct.pack("qq", sec, round((t - sec) * 1e9)))]
+
+    assert kernel_stamp(anc(100.0 - 0.0025), 7.0, 100.0) == pytest.approx(6.9975, abs=1e-6)  # the docstring's case
+    assert kernel_stamp([], 7.0, 100.0) is None  # no stamp: the read's own time is used
+    assert kernel_stamp(anc(100.0 - MAX_LAG - 1), 7.0, 100.0) is None  # the wall clock stepped forward
+    assert kernel_stamp(anc(100.5), 7.0, 100.0) is None  # ... or back
+    assert kernel_stamp(anc(100.0002), 7.0, 100.0) == 7.0  # two clocks read a hair apart
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kernel receive stamps are Linux's")
+@pytest.mark.parametrize("loop,http", [("asyncio", "h11"), ("asyncio", "httptools"), ("uvloop", "httptools")])
+def test_arrival_is_when_the_kernel_received_the_request_not_when_the_loop_woke(loop, http):
+    """A request that arrives while the server's event loop is held (here by another request's handler, as engine
+    cores holding every CPU hold it on a busy machine) is stamped when its bytes reached the kernel, so the server's
+    TTFT counts the time its loop took to wake up and read them. Stamped at the read, it started 0.3 s late. Both on
+    a connection open before (read by the loop's watcher) and on one opened during the wait (its request waits in
+    the kernel before the connection is even accepted, and is read as the connection is made)."""
+    import threading
+
+    import uvicorn
+
+    from speclab.serve.arrival import ARRIVAL, stamping_protocol
+    from speclab.serve.cli import listen
+
+    for mod in (http, loop):
+        if mod not in ("h11", "asyncio"):
+            pytest.importorskip(mod)
+    hold = 0.3
+    seen = {}
+    holding = threading.Event()
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        seen[scope["path"]] = (scope.get(ARRIVAL), time.perf_counter())
+        if scope["path"] == "/hold":
+            holding.set()
+            time.sleep(hold)  # the loop is held: nothing is read until this returns
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sock = listen("127.0.0.1", 0)  # as speclab serve listens
+    port = sock.getsockname()[1]
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="error", loop=loop, http=stamping_protocol(http),
+                                       lifespan="off"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not uv.started and time.time() < deadline:
+        time.sleep(0.02)
+
+    def get(conn, path):
+        conn.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+
+    try:
+        late = socket.create_connection(("127.0.0.1", port))  # connected (and accepted) before the loop is held
+        t_end = time.time() + 10
+        while len(uv.server_state.connections) < 1 and time.time() < t_end:
+            time.sleep(0.005)
+        first = socket.create_connection(("127.0.0.1", port))
+        get(first, "/hold")
+        assert holding.wait(10)
+        sent = time.perf_counter()
+        get(late, "/late")
+        fresh = socket.create_connection(("127.0.0.1", port))  # the kernel completes the handshake meanwhile
+        get(fresh, "/fresh")
+        for c in (first, late, fresh):
+            assert c.recv(100).startswith(b"HTTP/1.1 200")
+            c.close()
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+        sock.close()
+    for path in ("/late", "/fresh"):
+        arrival, handled = seen[path]
+        assert handled - sent >= hold * 0.8, path  # the loop read it only once the handler let go
+        assert arrival - sent < hold * 0.3, path  # ... and its clock started when it came in

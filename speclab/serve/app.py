@@ -179,8 +179,12 @@ class Server:
         return None
 
     async def stream(self, h, g, fmt: Formatter):
+        """The request's chunks as server-sent events. Its TTFT ends when the first chunk with output has been handed
+        to the connection (the generator resumes once the chunk has been sent): what a client sees, less the
+        network and its own reading."""
         detok = IncrementalText(self.decode, g.stop)
         split = self.split
+        first = True
         try:
             if fmt.kind == "chat":
                 yield fmt.role_chunk()
@@ -191,8 +195,12 @@ class Server:
                         yield "".join(fmt.chunk(detok.push((t,)), [t]) for t in payload)
                     else:
                         text = detok.push(payload)
-                        if text or g.return_token_ids:
-                            yield fmt.chunk(text, payload)
+                        if not (text or g.return_token_ids):
+                            continue
+                        yield fmt.chunk(text, payload)
+                    if first:
+                        first = False
+                        self.engine.first_written(h, time.perf_counter())
                     continue
                 if what == ERROR:
                     yield fmt.error_event(APIError(500, payload, "server_error", code=500)) + DONE
@@ -210,6 +218,8 @@ class Server:
                     out.append(fmt.usage_chunk(req))
                 out.append(DONE)
                 yield "".join(out)
+                if first and req.generated:
+                    self.engine.first_written(h, time.perf_counter())
                 return
         finally:
             self.engine.cancel(h)  # no-op once the request is done

@@ -12,8 +12,9 @@ exports (checked against its CPU server), so the same dashboards and probes read
   ``vllm:spec_decode_num_draft_tokens``, ``vllm:spec_decode_num_accepted_tokens`` and
   ``vllm:spec_decode_num_accepted_tokens_per_pos`` (label ``position`` 0..k-1);
 * gauges: ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` (the engine's latest report, when scraped);
-* histograms: ``vllm:time_to_first_token_seconds`` (from the request's arrival, when the HTTP side read its first
-  bytes (:mod:`.arrival`), to its first token reaching the HTTP side), ``vllm:inter_token_latency_seconds``
+* histograms: ``vllm:time_to_first_token_seconds`` (from the request's arrival, when its first bytes reached the
+  machine (:mod:`.arrival`), to its first chunk with output handed to the connection; unstreamed: to its first token
+  reaching the HTTP side), ``vllm:inter_token_latency_seconds``
   (one observation per round and request, as vLLM's per-step ITL: under speculation a round brings several
   tokens), ``vllm:request_time_per_output_token_seconds`` ((finish - first token) / (tokens - 1)),
   ``vllm:e2e_request_latency_seconds``, ``vllm:request_queue_time_seconds``, ``vllm:request_prefill_time_seconds``,
@@ -202,7 +203,7 @@ class ServerMetrics:
             self.draft_length.set(ks / n_k)
 
     def first_token(self, req, now: float) -> None:
-        """Time to first token: from the request's arrival (its HTTP handler starting) to its first token."""
+        """Time to first token: from the request's arrival to ``now``, when its first output left (see the module)."""
         self.ttft.observe(max(0.0, now - req.arrival))
 
     def inter_token(self, gap: float) -> None:

@@ -19,10 +19,11 @@ and hands each request's output to the asyncio task serving it.
   asyncio queue as ``(TOKENS, ids, time)`` (streamed requests) and its end as ``(FINAL, ids, request)`` or
   ``(ERROR, message, request)``. The request object here mirrors the core's: ``generated`` grows with
   every delivery, and its end state is copied over when it finishes.
-* **Clocks.** A request's clock starts when the HTTP side reads its first bytes (``Request.arrival``, see
-  :mod:`.arrival`; vLLM's arrival time is when its API server receives the request), and its first-token,
-  inter-token and finish times are when its tokens reach this side: what a client sees, less the network and
-  the chunk's writing. Both sides read the same monotonic clock.
+* **Clocks.** A request's clock starts when its first bytes reach the machine (``Request.arrival``: the kernel's
+  receive time, see :mod:`.arrival`; vLLM's arrival time is when its API server reads the request). A streamed
+  request's TTFT ends when its first chunk with output has been handed to the connection (:meth:`Engine.first_written`,
+  from the stream's handler); its first-token, inter-token and finish times are when its tokens reach this side.
+  Both sides read the same monotonic clock.
 * **Faults.** A step that raises fails only its requests (the core rebuilds its scheduler). If the core
   itself dies, every request in flight fails and ``/health`` turns 503.
 """
@@ -261,10 +262,15 @@ class Engine:
         req.generated.extend(ids)
         if req.first_token_time is None:
             req.first_token_time = now
-            self._observe("first_token", req, now)
+            if not h.stream:  # a stream's TTFT ends when its first chunk is written (first_written)
+                self._observe("first_token", req, now)
         else:
             self._observe("inter_token", now - h.last_time)
         h.last_time = now
+
+    def first_written(self, h: Handle, now: float) -> None:
+        """A streamed request's first chunk with output has been handed to its connection: its TTFT ends."""
+        self._observe("first_token", h.req, now)
 
     def _end(self, h: Handle, new: list[int] | None = None, error: str | None = None) -> None:
         h.done = True
