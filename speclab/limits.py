@@ -14,6 +14,11 @@ MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**63 - 1
 
 
+def truthy(v: str | None) -> bool:
+    """An on/off setting from the environment: on for 1, true, yes or on (any case, spaces ignored), else off."""
+    return str(v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def check_int(name: str, v, lo: int, hi: int) -> int:
     """A whole number in [lo, hi]; floats that are whole (4.0) are accepted, bools are not."""
     msg = f"{name} must be a whole number between {lo} and {hi}, got {v!r}"

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import os
 
+from .limits import truthy
+
 __all__ = ["family_available", "is_small", "repeated_sweep", "setting", "setup_torch"]
 
 PREFIX = "SPECLAB_NB_"
 
 
 def is_small() -> bool:
-    return os.environ.get(PREFIX + "SMALL", "").strip().lower() in ("1", "true", "yes", "on")
+    return truthy(os.environ.get(PREFIX + "SMALL"))
 
 
 def _parse(raw: str, like):
     raw = raw.strip()
     if isinstance(like, bool):
-        return raw.lower() in ("1", "true", "yes", "on")
+        return truthy(raw)
     if isinstance(like, int):
         return int(raw)
     if isinstance(like, float):

@@ -75,6 +75,11 @@ def test_config_defaults_to_family_or_given_models(tiny, monkeypatch):
     assert env.default_target == tiny["target"] and env.allow_custom_models
     assert tiny["mismatch"] in env.drafts
     assert config.AppConfig.from_env(target="other").default_target == "other"  # a flag beats the env
+    for off in ("0", "", "no", "off", "2"):
+        monkeypatch.setenv("SPECLAB_ALLOW_CUSTOM_MODELS", off)
+        assert not config.AppConfig.from_env().allow_custom_models, off
+    monkeypatch.setenv("SPECLAB_ALLOW_CUSTOM_MODELS", " Yes ")
+    assert config.AppConfig.from_env().allow_custom_models
 
 
 def test_validate_decode_ranges(tiny):

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import SpeclabError
+from ..limits import truthy
 
 # the app's own ranges (what its controls offer); the checks themselves are speclab.limits'
 MAX_K = 16
@@ -56,10 +57,6 @@ def _family_defaults() -> tuple[str, str]:
         return DEFAULT_TARGET, DEFAULT_DRAFT
     except Exception:
         return "target", "draft-distill"
-
-
-def _truthy(v: str | None) -> bool:
-    return str(v or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -113,8 +110,8 @@ class AppConfig:
         env = os.environ
         kw = dict(target=env.get("SPECLAB_TARGET") or None, draft=env.get("SPECLAB_DRAFT") or None,
                   extra_drafts=[d.strip() for d in env.get("SPECLAB_DRAFTS", "").split(",") if d.strip()],
-                  allow_custom_models=_truthy(env.get("SPECLAB_ALLOW_CUSTOM_MODELS")),
-                  allow_remote_servers=_truthy(env.get("SPECLAB_ALLOW_REMOTE_SERVERS")),
+                  allow_custom_models=truthy(env.get("SPECLAB_ALLOW_CUSTOM_MODELS")),
+                  allow_remote_servers=truthy(env.get("SPECLAB_ALLOW_REMOTE_SERVERS")),
                   device=env.get("SPECLAB_DEVICE") or None)
         for k, v in overrides.items():
             if v is not None and v != [] and v is not False:
