@@ -1112,3 +1112,75 @@ def test_arrival_is_when_the_kernel_received_the_request_not_when_the_loop_woke(
         arrival, handled = seen[path]
         assert handled - sent >= hold * 0.8, path  # the loop read it only once the handler let go
         assert arrival - sent < hold * 0.3, path  # ... and its clock started when it came in
+
+
+@pytest.mark.parametrize("loop,http", [("asyncio", "h11"), ("asyncio", "httptools"), ("uvloop", "httptools")])
+def test_kernel_reads_keep_http_whole(loop, http):
+    """The connection read by the kernel-stamping reader (speclab serve's default) still does all of HTTP/1.1 that
+    uvicorn's own reading does: a 5 MB body (uvicorn pauses and resumes reading as its buffer fills), three requests
+    pipelined in one write, clients that reset their connection mid-request, and keep-alive, with no descriptor
+    left behind."""
+    import struct
+    import threading
+
+    import uvicorn
+
+    from speclab.serve.arrival import stamping_protocol
+    from speclab.serve.cli import listen
+
+    for mod in (http, loop):
+        if mod not in ("h11", "asyncio"):
+            pytest.importorskip(mod)
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        n = 0
+        while True:
+            m = await receive()
+            if m["type"] != "http.request":
+                return
+            n += len(m.get("body", b""))
+            if not m.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": str(n).encode()})
+
+    sock = listen("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/"
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="error", loop=loop, http=stamping_protocol(http),
+                                       lifespan="off"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not uv.started and time.time() < deadline:
+        time.sleep(0.02)
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    try:
+        big = b"x" * (5 << 20)
+        assert httpx.post(url, content=big, timeout=30).text == str(len(big))
+        c = socket.create_connection(("127.0.0.1", port))
+        c.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc" * 3)
+        got, t_end = b"", time.time() + 10
+        while got.count(b"HTTP/1.1 200") < 3 and time.time() < t_end:
+            got += c.recv(65536)
+        c.close()
+        assert got.count(b"HTTP/1.1 200") == 3, got
+        for _ in range(10):
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nabc")
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            c.close()  # a reset, the rest of the body never sent
+        with httpx.Client() as client:
+            assert [client.post(url, content=b"hi").text for _ in range(50)] == ["2"] * 50
+        t_end = time.time() + 10
+        while uv.server_state.connections and time.time() < t_end:
+            time.sleep(0.02)
+        assert not uv.server_state.connections
+        if fds is not None:
+            assert len(os.listdir("/proc/self/fd")) <= fds  # every duplicate descriptor closed
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+        sock.close()
