@@ -753,6 +753,9 @@ def test_ttft_ends_when_the_first_chunk_is_written(models):
 
     assert delta("vllm:time_to_first_token_seconds_count") == 1
     assert delta("vllm:time_to_first_token_seconds_sum") >= delay
+    if sys.platform.startswith("linux"):  # the loop's read, kept apart: well under the TTFT
+        assert delta("speclab:request_read_delay_seconds_count") == 1
+        assert 0 <= delta("speclab:request_read_delay_seconds_sum") < delay
 
 
 @pytest.mark.parametrize("http", ["h11", "httptools"])
@@ -1056,7 +1059,7 @@ def test_arrival_is_when_the_kernel_received_the_request_not_when_the_loop_woke(
 
     import uvicorn
 
-    from speclab.serve.arrival import ARRIVAL, stamping_protocol
+    from speclab.serve.arrival import ARRIVAL, READ, stamping_protocol
     from speclab.serve.cli import listen
 
     for mod in (http, loop):
@@ -1069,7 +1072,7 @@ def test_arrival_is_when_the_kernel_received_the_request_not_when_the_loop_woke(
     async def app(scope, receive, send):
         if scope["type"] != "http":
             return
-        seen[scope["path"]] = (scope.get(ARRIVAL), time.perf_counter())
+        seen[scope["path"]] = (scope.get(ARRIVAL), time.perf_counter(), scope.get(READ))
         if scope["path"] == "/hold":
             holding.set()
             time.sleep(hold)  # the loop is held: nothing is read until this returns
@@ -1109,9 +1112,10 @@ def test_arrival_is_when_the_kernel_received_the_request_not_when_the_loop_woke(
         thread.join(10)
         sock.close()
     for path in ("/late", "/fresh"):
-        arrival, handled = seen[path]
+        arrival, handled, read = seen[path]
         assert handled - sent >= hold * 0.8, path  # the loop read it only once the handler let go
         assert arrival - sent < hold * 0.3, path  # ... and its clock started when it came in
+        assert read - arrival >= hold * 0.5, path  # the read's own time kept beside it (speclab:request_read_delay)
 
 
 @pytest.mark.parametrize("loop,http", [("asyncio", "h11"), ("asyncio", "httptools"), ("uvloop", "httptools")])

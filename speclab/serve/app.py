@@ -30,7 +30,7 @@ from ..engine.request import Request as EngineRequest
 from ..engine.scheduler import QueueFull, Scheduler
 from ..errors import SpeclabError
 from ..models import check_draft_context
-from .arrival import ARRIVAL, ArrivalClock
+from .arrival import ARRIVAL, READ, ArrivalClock
 from .detok import IncrementalText, fast_decoder
 from .prom import ServerMetrics
 from .protocol import (
@@ -144,8 +144,11 @@ class Server:
             raise bad(str(e)) from None
 
     async def generate(self, request: Request, kind: str):
-        # the request's clock started when its first bytes were read (.arrival), before any parsing
+        # the request's clock started when its first bytes reached the machine (.arrival), before any parsing
         arrival = request.scope.get(ARRIVAL) or time.perf_counter()
+        read = request.scope.get(READ)
+        if read is not None:
+            self.metrics.read(read - arrival)
         self.check(request)
         body = parse_body(await request.body())
         g = (parse_chat if kind == "chat" else parse_completion)(body, self.info)

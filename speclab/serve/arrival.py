@@ -32,6 +32,7 @@ import sys
 import time
 
 ARRIVAL = "speclab.arrival"  # ASGI scope key: when the request's first bytes arrived (time.perf_counter)
+READ = "speclab.read"  # ASGI scope key: when the event loop read them (set with a kernel's stamp only)
 
 SO_TIMESTAMPNS = 35  # Linux <asm-generic/socket.h> (also SCM_TIMESTAMPNS); Python's socket module lacks it
 READ_SIZE = 256 * 1024  # bytes a read takes at most (asyncio's and uvloop's size)
@@ -229,12 +230,15 @@ def stamping_protocol(http: str = "auto", kernel: bool = True):
                 self._stamp = None
 
         def data_received(self, data: bytes) -> None:
-            t = self._stamp if self._stamp is not None else time.perf_counter()
+            read = time.perf_counter()
+            stamp = self._stamp
             before = getattr(self, "scope", None)
             super().data_received(data)
             scope = getattr(self, "scope", None)
-            if scope is not None and scope is not before and isinstance(scope, dict):
-                scope.setdefault(ARRIVAL, t)
+            if scope is not None and scope is not before and isinstance(scope, dict) and ARRIVAL not in scope:
+                scope[ARRIVAL] = stamp if stamp is not None else read
+                if stamp is not None:
+                    scope[READ] = read
 
     Stamping.__name__ = Stamping.__qualname__ = f"Stamping{base.__name__}"
     return Stamping

@@ -30,7 +30,10 @@ What vLLM lacks, under ``speclab:``:
   position; with adaptive k or short n-gram proposals it differs from the number of drafts, and
   per-position acceptance rates need it;
 * ``speclab:verify_rounds`` (counter), ``speclab:engine_errors`` (counter: failed engine steps) and
-  ``speclab:spec_policy_info`` (policy, method, draft model, num_speculative_tokens).
+  ``speclab:spec_policy_info`` (policy, method, draft model, num_speculative_tokens);
+* ``speclab:request_read_delay_seconds`` (histogram): from a request's first bytes reaching the machine to the
+  server's event loop reading them (with ``--arrival kernel`` on Linux): the HTTP side's wait for a CPU, which
+  vLLM's arrival time leaves out of its TTFT.
 
 Every server has its own :class:`CollectorRegistry` (no process-wide state), so several apps can live in
 one process.
@@ -47,6 +50,7 @@ TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 40.0, 80.0, 160.0, 640.0, 2560.0]
 ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                80.0]
+READ_DELAY_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]
 REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                    480.0, 960.0, 1920.0, 7680.0]
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -134,6 +138,8 @@ class ServerMetrics:
         self.prefix_hits = counter("vllm:prefix_cache_hits",
                                    "Prefix cache hits, in terms of number of cached tokens.").labels(*lv)
         self.rounds = counter("speclab:verify_rounds", "Verification rounds run (one target forward each).").labels(*lv)
+        self.read_delay = hist("speclab:request_read_delay_seconds", "Time from a request's first bytes reaching the "
+                               "machine to the server's event loop reading them.", READ_DELAY_BUCKETS)
         self.engine_errors = counter("speclab:engine_errors", "Engine steps that raised (their requests failed).")
         self.engine_errors = self.engine_errors.labels(*lv)
         Info("speclab:spec_policy", "Speculation in force: method, draft model, policy, num_speculative_tokens.",
@@ -229,6 +235,10 @@ class ServerMetrics:
         self.req_generation.observe(n)
         if n > 1:
             self.tpot.observe(decode / (n - 1))
+
+    def read(self, delay: float) -> None:
+        """A request's bytes were read by the event loop ``delay`` seconds after they reached the machine."""
+        self.read_delay.observe(max(0.0, delay))
 
     def rejected(self) -> None:
         self.rejections.inc()
