@@ -86,9 +86,9 @@ class KernelReads:
     The transport keeps everything else (writing, closing, the protocol's connection_lost); its own reading is
     paused, and the protocol is given a :class:`ReadingTransport` whose ``pause_reading`` / ``resume_reading`` /
     ``set_protocol`` act on these reads. The reads go through a duplicate of the connection's descriptor, watched by
-    the same event loop (asyncio's or uvloop's ``add_reader``). Until the transport's own reading is paused (uvloop
-    starts it after ``connection_made``) a read may come the transport's way; it reaches the protocol unstamped and
-    in order (both readers run on the loop's thread), and is stamped when the loop reads it."""
+    the same event loop (asyncio's or uvloop's ``add_reader``). Should a read still come the transport's way (uvloop
+    starts its own reading after ``connection_made``; :meth:`start` pauses it again before the loop next polls), it
+    reaches the protocol in order (both readers run on the loop's thread) and is stamped when the loop read it."""
 
     def __init__(self, transport, protocol, sock_fd: int):
         self.transport, self.protocol = transport, protocol
