@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 
 import pytest
 
@@ -942,6 +943,10 @@ def test_verdicts_on_speclab_serve(speclab_servers, tmp_path):
     plain = _load_cli(speclab_servers["plain"].url, tmp_path, "plain")
     _check_tokens(plain)
     assert plain["verdict"]["verdict"] == "plain", plain["verdict"]
+    if sys.platform.startswith("linux"):  # the server's loop's wait for each request, from its kernel stamps
+        lv = plain["levels"][0]
+        delay = lv["server"]["server_latency_ms"]["read_delay"]
+        assert delay["n"] == lv["summary"]["requests"] and 0 <= delay["mean"] < lv["summary"]["ttft_ms"]["mean"]
 
     fixed = _load_cli(speclab_servers["fixed"].url, tmp_path, "fixed")
     _check_tokens(fixed)

@@ -79,6 +79,10 @@ def format_result(result: dict) -> str:
             pairs = [f"{k.upper()} {a['client_ms']:.1f}/{a['server_ms']:.1f} ms ({a['ratio']:.2f}x)"
                      for k, a in agree.items()]
             lines.append(f"{lv['level']['label']}: client/server mean " + ", ".join(pairs))
+        rd = (server.get("server_latency_ms") or {}).get("read_delay")
+        if rd:
+            lines.append(f"{lv['level']['label']}: the server's event loop read each request {rd['mean']:.2f} ms "
+                         f"(mean) after it reached the machine (its TTFT counts that wait)")
         if "unavailable" in server:
             lines.append(f"{lv['level']['label']}: no server metrics ({server['unavailable']})")
     for lv in result["levels"]:

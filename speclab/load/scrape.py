@@ -27,7 +27,8 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 GENERATION_TOKENS = "vllm:generation_tokens"
 PREFIX = {"queries": "vllm:prefix_cache_queries", "hits": "vllm:prefix_cache_hits"}  # in prompt tokens
 HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
-              "e2e": "vllm:e2e_request_latency_seconds", "tpot": "vllm:request_time_per_output_token_seconds"}
+              "e2e": "vllm:e2e_request_latency_seconds", "tpot": "vllm:request_time_per_output_token_seconds",
+              "read_delay": "speclab:request_read_delay_seconds"}  # (speclab serve's only: its loop's wait for a CPU)
 SGLANG = {"accept_length": "sglang:spec_accept_length", "accept_rate": "sglang:spec_accept_rate"}
 
 
@@ -69,7 +70,7 @@ def window(before: dict | None, after: dict) -> dict:
 
     Returns {"spec_decode": counters and derived rates or None, "sglang": gauges or None,
     "generation_tokens", "prefix_cache": {queries, hits, hit_rate} in prompt tokens or None,
-    "server_latency_ms": {ttft, itl, e2e, tpot: window means} }."""
+    "server_latency_ms": {ttft, itl, e2e, tpot, read_delay (where exported): window means} }."""
     before = before or {}
 
     def delta(name):
