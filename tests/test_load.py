@@ -568,6 +568,24 @@ def test_scrape_vllm_counters_over_a_window():
     assert cmp_["server_mean_acceptance_length"] == pytest.approx(3.5) and cmp_["ratio"] == pytest.approx(3.4 / 3.5)
 
 
+def test_latency_agreement_sets_rounds_beside_the_servers_per_step_itl():
+    """A server's ITL histogram is per step (round). Chunks of a round each: the client's per-chunk ITL is the same
+    thing. One-token chunks that come in bursts (a round split up): the wait before a burst is."""
+    summary = {"ttft_ms": {"mean": 10.0}, "itl_ms": {"mean": 4.0}, "tpot_ms": {"mean": 4.0}, "e2e_ms": {"mean": 130.0}}
+    server = {"server_latency_ms": {"ttft": {"mean": 10.0}, "itl": {"mean": 10.0}, "tpot": {"mean": 4.0},
+                                    "e2e": {"mean": 130.0}}}
+    per_chunk = scrape.latency_agreement(summary, server)
+    assert per_chunk["itl"] == {"client_ms": 4.0, "server_ms": 10.0, "ratio": 0.4}
+    split = {"mean_tokens_per_chunk": 1.0, "mean_tokens_per_burst": 2.5, "burst_gap_ms": 9.8}
+    rounds = scrape.latency_agreement(summary, server, split)
+    assert rounds["itl"] == {"client_ms": 9.8, "server_ms": 10.0, "ratio": pytest.approx(0.98), "client_from": "bursts"}
+    assert rounds["ttft"] == per_chunk["ttft"] and rounds["tpot"] == per_chunk["tpot"]
+    plain = {"mean_tokens_per_chunk": 1.0, "mean_tokens_per_burst": 1.01, "burst_gap_ms": 4.1}  # bursts of one
+    assert scrape.latency_agreement(summary, server, plain)["itl"] == per_chunk["itl"]
+    rounds_per_chunk = {"mean_tokens_per_chunk": 2.5, "mean_tokens_per_burst": 2.5, "burst_gap_ms": 9.8}
+    assert scrape.latency_agreement(summary, server, rounds_per_chunk)["itl"] == per_chunk["itl"]
+
+
 def test_scrape_plain_server_and_sglang_gauges():
     plain = "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{engine=\"0\"} 10\n"
     w = scrape.window(scrape.parse(plain), scrape.parse(plain.replace(" 10", " 42")))
@@ -961,6 +979,7 @@ def test_verdicts_on_speclab_serve(speclab_servers, tmp_path):
     assert split["verdict"]["verdict"] == "speculative", split["verdict"]
     lv = split["levels"][0]
     assert lv["fingerprint"]["mean_tokens_per_chunk"] == 1.0  # the gaps alone carried the evidence
+    assert lv["latency_vs_server"]["itl"]["client_from"] == "bursts"  # a round each, as the server's ITL
     assert lv["fingerprint"]["estimate_from"] == "tokens per burst"
     # bursts are all a split stream offers, and those next to a client stall long enough to merge two of them
     # are left out: a wider band than for chunks that carry a round each (the bar for such stalls, and a run

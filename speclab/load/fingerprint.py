@@ -315,6 +315,7 @@ def level_fingerprint(pacings: list[dict | None]) -> dict:
     else:
         call = "bursty" if spec_share(bursts, near, n_gaps) >= STRONG_SHARE else "unknown"
     per_chunk = sum(sizes) / len(sizes) if sizes else None
+    known = [g for g, _ in bursts if g is not None]
     if per_chunk is not None and per_chunk > ESTIMATE_CHUNKS:
         estimate, source = per_chunk, "tokens per chunk"
     else:
@@ -328,6 +329,7 @@ def level_fingerprint(pacings: list[dict | None]) -> dict:
         "near_zero_share": share,
         "mean_tokens_per_burst": per_burst,
         "mean_tokens_per_chunk": per_chunk,
+        "burst_gap_ms": sum(known) / len(known) * 1e3 if known else None,  # the mean wait before a burst (a round)
         "cv_token_gaps": _cv(rel),
         "cv_chunk_gaps": _cv(chunk_gaps_rel),
         "pace_ratio": pace,

@@ -206,7 +206,7 @@ async def run_async(endpoint: Endpoint, spec: LoadSpec) -> dict:
                 "level": level.to_dict(), "summary": summary, "fingerprint": fp, "server": server,
                 "acceptance_vs_outside": scrape.compare(server, fp["accepted_length_estimate"])
                 if after is not None else None,
-                "latency_vs_server": scrape.latency_agreement(summary, server) if after is not None else None,
+                "latency_vs_server": scrape.latency_agreement(summary, server, fp) if after is not None else None,
                 "client_stalls": [[round(a, 6), round(b, 6)] for a, b in stalls],
                 "requests": request_dicts,
             })

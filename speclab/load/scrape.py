@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import httpx
 
+from .fingerprint import ESTIMATE_CHUNKS
+
 SPEC = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
         "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
@@ -118,18 +120,27 @@ async def fetch(client: httpx.AsyncClient, base_url: str,
         return None, f"/metrics is not Prometheus text: {str(e)[:100]}"
 
 
-def latency_agreement(summary: dict, server: dict) -> dict:
+def latency_agreement(summary: dict, server: dict, fingerprint: dict | None = None) -> dict:
     """Client means (ms) beside the server's histogram means over the same window, with client / server.
-    Caveats: a server's TTFT starts when it admits the request (the client's includes HTTP and queueing
-    before that), and a server's ITL histogram is per engine step, which equals the client's ``itl`` (per
-    chunk) only when each chunk carries one step."""
+    Caveats: a server's TTFT may start later than the client's (vLLM's when its API server reads the request;
+    speclab serve's when the request reached the machine), and a server's ITL histogram is per engine step, which
+    equals the client's ``itl`` (per chunk) only when each chunk carries one step. When every chunk carries one
+    token and they come in bursts (a server splitting each round into one-token chunks), the client's figure
+    set beside the server's ITL is the mean wait before a burst (``fingerprint["burst_gap_ms"]``), one round each,
+    marked ``"client_from": "bursts"``; the per-chunk ITL stays in the summary."""
     out = {}
+    fp = fingerprint or {}
+    by_bursts = (fp.get("mean_tokens_per_chunk") == 1.0 and (fp.get("mean_tokens_per_burst") or 0.0) > ESTIMATE_CHUNKS
+                 and fp.get("burst_gap_ms"))
     for key, (ours, theirs) in {"ttft": ("ttft_ms", "ttft"), "itl": ("itl_ms", "itl"), "tpot": ("tpot_ms", "tpot"),
                                 "e2e": ("e2e_ms", "e2e")}.items():
         c = (summary.get(ours) or {}).get("mean")
         s = (server.get("server_latency_ms") or {}).get(theirs, {}).get("mean")
+        extra = {}
+        if key == "itl" and by_bursts:
+            c, extra = fp["burst_gap_ms"], {"client_from": "bursts"}
         if c is not None and s:
-            out[key] = {"client_ms": c, "server_ms": s, "ratio": c / s}
+            out[key] = {"client_ms": c, "server_ms": s, "ratio": c / s, **extra}
     return out
 
 

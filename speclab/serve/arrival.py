@@ -36,6 +36,10 @@ READ = "speclab.read"  # ASGI scope key: when the event loop read them (set with
 
 SO_TIMESTAMPNS = 35  # Linux <asm-generic/socket.h> (also SCM_TIMESTAMPNS); Python's socket module lacks it
 READ_SIZE = 256 * 1024  # bytes a read takes at most (asyncio's and uvloop's size)
+# Kernel reads are not made on uvloop: libuv stops a poll handle whose descriptor reports an error (a peer's
+# reset) and tells uvloop, which drops it without calling the reader back, so a connection reset mid-request went
+# unseen and its handler waited for the rest of the body for ever (seen once in CI, 2026-12-03). asyncio's selector
+# reports the error as readable, and the read raises. speclab serve runs asyncio's loop with --arrival kernel.
 MAX_LAG = 60.0  # a kernel stamp further back than this is a clock step (the wall clock set), not a slow loop
 
 
@@ -86,9 +90,7 @@ class KernelReads:
     The transport keeps everything else (writing, closing, the protocol's connection_lost); its own reading is
     paused, and the protocol is given a :class:`ReadingTransport` whose ``pause_reading`` / ``resume_reading`` /
     ``set_protocol`` act on these reads. The reads go through a duplicate of the connection's descriptor, watched by
-    the same event loop (asyncio's or uvloop's ``add_reader``). Should a read still come the transport's way (uvloop
-    starts its own reading after ``connection_made``; :meth:`start` pauses it again before the loop next polls), it
-    reaches the protocol in order (both readers run on the loop's thread) and is stamped when the loop read it."""
+    the same event loop (asyncio's ``add_reader``; not uvloop's, see the note above)."""
 
     def __init__(self, transport, protocol, sock_fd: int):
         self.transport, self.protocol = transport, protocol
@@ -102,8 +104,8 @@ class KernelReads:
     def attach(cls, transport, protocol) -> "KernelReads | None":
         """Read ``transport``'s connection for ``protocol`` (a TCP or Unix socket on Linux); None where that is
         not possible, and the transport reads as before. :meth:`start` once the protocol's connection_made is done."""
-        if not sys.platform.startswith("linux"):
-            return None
+        if not sys.platform.startswith("linux") or type(asyncio.get_running_loop()).__module__.startswith("uvloop"):
+            return None  # uvloop: see the note on it above
         sock = transport.get_extra_info("socket")
         if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX):
             return None
@@ -111,20 +113,14 @@ class KernelReads:
             reads = cls(transport, protocol, sock.fileno())
         except (OSError, RuntimeError, ValueError):
             return None
-        transport.pause_reading()  # asyncio's transport starts reading after connection_made unless paused
+        transport.pause_reading()  # (asyncio's transport starts reading after connection_made unless paused)
         return reads
 
     def start(self) -> None:
         """Read from here on: what is already waiting (a request written as the connection opened) now, the rest as
-        it comes. uvloop's transport starts its own reading after connection_made whatever was paused, so it is
-        paused again at once, before the loop next polls for more."""
+        it comes."""
         self.resume()
-        self.loop.call_soon(self._pause_transport)
         self._readable()
-
-    def _pause_transport(self) -> None:
-        if self.transport.is_reading() and not self.done:
-            self.transport.pause_reading()
 
     def resume(self) -> None:
         if not self.reading and not self.done:
@@ -154,12 +150,10 @@ class KernelReads:
         if t.is_closing():
             self.pause()
             return
-        if t.is_reading():  # (uvloop's, before _pause_transport has run)
-            t.pause_reading()
         try:
             data, anc, _flags, _addr = self.sock.recvmsg(READ_SIZE, self.anc)
         except (BlockingIOError, InterruptedError):
-            return  # the transport read it first, or nothing after all
+            return  # nothing after all
         except OSError:  # reset by the peer: as the transport does on a read error
             self.close()
             t.abort()

@@ -74,7 +74,8 @@ def add_commands(sub) -> None:
     p.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
                    help="uvicorn's HTTP parser; auto (default): httptools (C) when installed, else h11 (pure Python)")
     p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
-                   help="the event loop; auto (default): uvloop when installed, else asyncio's")
+                   help="the event loop; auto (default): asyncio's with --arrival kernel (the kernel's stamps are "
+                        "read through it), else uvloop when installed; uvloop with --arrival kernel stamps at the read")
     p.add_argument("--arrival", choices=("kernel", "read"), default="kernel",
                    help="where a request's clock (TTFT, queue time, E2E) starts: 'kernel' (default) when its bytes "
                         "reached the machine (the kernel's receive time, Linux; elsewhere as 'read'), 'read' when the "
@@ -179,8 +180,10 @@ def cmd_serve(args) -> int:
           f"{policy.name} · up to {max_seqs} running, {max_wait} waiting · context {server.info.context} · "
           f"{engine_where(server.engine)} · http://{host}:{port}/v1", file=sys.stderr, flush=True)
     http = stamping_protocol(args.http, kernel=args.arrival == "kernel")
+    # kernel reads need asyncio's loop (serve/arrival.py)
+    loop = "asyncio" if args.loop == "auto" and args.arrival == "kernel" else args.loop
     config = uvicorn.Config(app, log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
-                            lifespan="on", timeout_graceful_shutdown=None, http=http, loop=args.loop)
+                            lifespan="on", timeout_graceful_shutdown=None, http=http, loop=loop)
     draining_server(config, server).run(sockets=[sock])
     return 0
 

@@ -26,8 +26,8 @@ class InProcessServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.timeout = startup_timeout
         self.uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=self.port,
-                                                log_level="critical", access_log=False,
-                                                http=stamping_protocol()))
+                                                log_level="critical", access_log=False, loop="asyncio",
+                                                http=stamping_protocol()))  # (asyncio's: see arrival.py)
         self.thread = threading.Thread(target=self.uv.run, kwargs={"sockets": [self.sock]}, daemon=True,
                                        name=f"speclab-serve-{self.port}")
 
