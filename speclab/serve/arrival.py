@@ -70,6 +70,13 @@ def kernel_stamp(ancdata, perf_now: float, wall_now: float) -> float | None:
     return None
 
 
+def event_loop(requested: str = "auto", kernel: bool = True) -> str:
+    """The uvicorn event loop to run for a server whose protocol comes from ``stamping_protocol(..., kernel)``:
+    ``auto`` means asyncio's where the kernel's stamps are to be read (see the note on uvloop above), else uvicorn's
+    own choice (uvloop when installed). An explicit choice stands (uvloop with kernel stamps stamps at the read)."""
+    return "asyncio" if requested == "auto" and kernel else requested
+
+
 def stamp_listener(sock: socket.socket) -> bool:
     """Ask the kernel to stamp every packet a listening socket's connections receive (Linux; an accepted connection
     inherits the option), so that a request written the moment its connection opens, before the server accepts it,

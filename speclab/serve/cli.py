@@ -20,7 +20,7 @@ import sys
 
 from ..errors import SpeclabError
 from ..optional import require_package
-from .arrival import stamp_listener
+from .arrival import event_loop, stamp_listener, stamping_protocol
 
 SPEC_HELP = ("speculation, as vLLM's JSON: {\"method\": \"draft_model\"|\"ngram\"|\"synthetic\", \"model\": NAME, "
              "\"num_speculative_tokens\": K, \"prompt_lookup_max\": N, \"prompt_lookup_min\": N}, or 'none' for plain "
@@ -128,7 +128,6 @@ def cmd_serve(args) -> int:
     from ..engine.policies import seed_costs
     from ..models import load_model
     from .app import Server, create_app
-    from .arrival import stamping_protocol
 
     make_policy(args.spec_policy, 4)  # an unknown policy fails before the models load
     sock = listen(args.host, args.port)
@@ -179,11 +178,10 @@ def cmd_serve(args) -> int:
     print(f"speclab serve: model {target.name} served as '{served}' · speculation: {spec.describe()} · policy "
           f"{policy.name} · up to {max_seqs} running, {max_wait} waiting · context {server.info.context} · "
           f"{engine_where(server.engine)} · http://{host}:{port}/v1", file=sys.stderr, flush=True)
-    http = stamping_protocol(args.http, kernel=args.arrival == "kernel")
-    # kernel reads need asyncio's loop (serve/arrival.py)
-    loop = "asyncio" if args.loop == "auto" and args.arrival == "kernel" else args.loop
+    kernel = args.arrival == "kernel"
     config = uvicorn.Config(app, log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
-                            lifespan="on", timeout_graceful_shutdown=None, http=http, loop=loop)
+                            lifespan="on", timeout_graceful_shutdown=None, http=stamping_protocol(args.http, kernel),
+                            loop=event_loop(args.loop, kernel))
     draining_server(config, server).run(sockets=[sock])
     return 0
 

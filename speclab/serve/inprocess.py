@@ -17,7 +17,7 @@ class InProcessServer:
         import uvicorn
 
         from .app import create_app
-        from .arrival import stamping_protocol
+        from .arrival import event_loop, stamping_protocol
         from .cli import listen
 
         self.server = server
@@ -25,9 +25,8 @@ class InProcessServer:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.timeout = startup_timeout
-        self.uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=self.port,
-                                                log_level="critical", access_log=False, loop="asyncio",
-                                                http=stamping_protocol()))  # (asyncio's: see arrival.py)
+        self.uv = uvicorn.Server(uvicorn.Config(create_app(server), log_level="critical", access_log=False,
+                                                loop=event_loop(), http=stamping_protocol()))
         self.thread = threading.Thread(target=self.uv.run, kwargs={"sockets": [self.sock]}, daemon=True,
                                        name=f"speclab-serve-{self.port}")
 
