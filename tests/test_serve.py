@@ -15,6 +15,7 @@ Plain decoding and an injected engine fault run on servers inside this process (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -675,15 +676,19 @@ def test_rows_the_draft_never_took_in_leave_and_move_without_failing(models):
         assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
 
 
-class SlowEncoding:
-    """The target LM, except that encoding takes ``delay`` seconds: the HTTP side's work before the engine sees
-    the request (parsing, tokenising) made long enough to measure."""
+class Slowed:
+    """The target LM with one method slowed by ``delay`` seconds (subclasses say which); the rest is the LM's."""
 
     def __init__(self, lm, delay: float):
         self._lm, self._delay = lm, delay
 
     def __getattr__(self, name):
         return getattr(self._lm, name)
+
+
+class SlowEncoding(Slowed):
+    """Encoding takes ``delay`` seconds: the HTTP side's work before the engine sees the request (parsing,
+    tokenising) made long enough to measure."""
 
     def encode(self, text):
         time.sleep(self._delay)
@@ -717,17 +722,11 @@ def test_ttft_clock_starts_at_arrival(models):
     assert delay <= delta("vllm:e2e_request_latency_seconds_sum") <= client_e2e
 
 
-class SlowDecoding:
-    """The target LM, except that decoding tokens to text takes ``delay`` seconds: the HTTP side's work between a
-    token's arrival and its chunk going out made long enough to measure."""
+class SlowDecoding(Slowed):
+    """Decoding tokens to text takes ``delay`` seconds: the HTTP side's work between a token's arrival and its chunk
+    going out made long enough to measure."""
 
     tokenizer = None  # (no shortcut to the Rust decoder: every decode comes here)
-
-    def __init__(self, lm, delay: float):
-        self._lm, self._delay = lm, delay
-
-    def __getattr__(self, name):
-        return getattr(self._lm, name)
 
     def decode(self, ids):
         time.sleep(self._delay)
@@ -758,6 +757,33 @@ def test_ttft_ends_when_the_first_chunk_is_written(models):
         assert 0 <= delta("speclab:request_read_delay_seconds_sum") < delay
 
 
+@contextlib.contextmanager
+def uvicorn_thread(app, http: str, loop: str = "auto"):
+    """A uvicorn server for ``app`` with speclab serve's stamping protocol, on a socket bound as speclab serve binds
+    one (:func:`speclab.serve.cli.listen`), in a thread: yields (uvicorn server, port); stopped on exit."""
+    import threading
+
+    import uvicorn
+
+    from speclab.serve.arrival import stamping_protocol
+    from speclab.serve.cli import listen
+
+    sock = listen("127.0.0.1", 0)
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="error", loop=loop, http=stamping_protocol(http),
+                                       lifespan="off"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not uv.started and time.time() < deadline:
+        time.sleep(0.02)
+    try:
+        yield uv, sock.getsockname()[1]
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
 @pytest.mark.parametrize("http", ["h11", "httptools"])
 def test_arrival_is_stamped_when_the_request_is_read(http):
     """speclab serve's HTTP protocol stamps a request when the loop reads its first bytes, before the app's task
@@ -768,9 +794,7 @@ def test_arrival_is_stamped_when_the_request_is_read(http):
     waits behind at least 4 others' handlers, however the client's writes and the server's reads interleave."""
     import threading
 
-    import uvicorn
-
-    from speclab.serve.arrival import ARRIVAL, ArrivalClock, stamping_protocol
+    from speclab.serve.arrival import ARRIVAL, ArrivalClock
 
     if http == "httptools":
         pytest.importorskip("httptools")
@@ -788,16 +812,7 @@ def test_arrival_is_stamped_when_the_request_is_read(http):
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    port = free_port()
-    uv = uvicorn.Server(uvicorn.Config(ArrivalClock(app), host="127.0.0.1", port=port, log_level="error",
-                                       http=stamping_protocol(http), lifespan="off"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not uv.started and time.time() < deadline:
-        time.sleep(0.02)
-
-    async def burst():
+    async def burst(uv, port):
         conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(N)]  # a connection each
         t_end = time.time() + 10
         while len(uv.server_state.connections) < N and time.time() < t_end:  # the server reads from all of them
@@ -813,12 +828,11 @@ def test_arrival_is_stamped_when_the_request_is_read(http):
             w.close()
         return statuses
 
-    try:
-        assert asyncio.run(burst()) == [200] * N
-    finally:
-        written.set()
-        uv.should_exit = True
-        thread.join(10)
+    with uvicorn_thread(ArrivalClock(app), http) as (uv, port):
+        try:
+            assert asyncio.run(burst(uv, port)) == [200] * N
+        finally:
+            written.set()
     assert len(seen) == N and all(a is not None and a <= t for a, t in seen)
     assert max(t - a for a, t in seen) >= 0.08  # read, then waited behind >= 4 others' handlers (100 ms)
 
@@ -1058,10 +1072,7 @@ def test_arrival_is_when_the_kernel_received_the_request_not_when_the_loop_woke(
     protocol leaves the reading to uvicorn, the stamp is the read's."""
     import threading
 
-    import uvicorn
-
-    from speclab.serve.arrival import ARRIVAL, READ, stamping_protocol
-    from speclab.serve.cli import listen
+    from speclab.serve.arrival import ARRIVAL, READ
 
     for mod in (http, loop):
         if mod not in ("h11", "asyncio"):
@@ -1080,20 +1091,10 @@ def test_arrival_is_when_the_kernel_received_the_request_not_when_the_loop_woke(
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    sock = listen("127.0.0.1", 0)  # as speclab serve listens
-    port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="error", loop=loop, http=stamping_protocol(http),
-                                       lifespan="off"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not uv.started and time.time() < deadline:
-        time.sleep(0.02)
-
     def get(conn, path):
         conn.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
 
-    try:
+    with uvicorn_thread(app, http, loop) as (uv, port):
         late = socket.create_connection(("127.0.0.1", port))  # connected (and accepted) before the loop is held
         t_end = time.time() + 10
         while len(uv.server_state.connections) < 1 and time.time() < t_end:
@@ -1108,10 +1109,6 @@ def test_arrival_is_when_the_kernel_received_the_request_not_when_the_loop_woke(
         for c in (first, late, fresh):
             assert c.recv(100).startswith(b"HTTP/1.1 200")
             c.close()
-    finally:
-        uv.should_exit = True
-        thread.join(10)
-        sock.close()
     for path in ("/late", "/fresh"):
         arrival, handled, read = seen[path]
         assert handled - sent >= hold * 0.8, path  # the loop read it only once the handler let go
@@ -1130,12 +1127,6 @@ def test_kernel_reads_keep_http_whole(loop, http):
     every handler ends), and keep-alive, with no descriptor left behind. On uvloop the protocol reads as uvicorn's
     (a reader of its own there never heard of a reset: libuv drops a poll handle on an error)."""
     import struct
-    import threading
-
-    import uvicorn
-
-    from speclab.serve.arrival import stamping_protocol
-    from speclab.serve.cli import listen
 
     for mod in (http, loop):
         if mod not in ("h11", "asyncio"):
@@ -1155,18 +1146,9 @@ def test_kernel_reads_keep_http_whole(loop, http):
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": str(n).encode()})
 
-    sock = listen("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/"
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="error", loop=loop, http=stamping_protocol(http),
-                                       lifespan="off"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not uv.started and time.time() < deadline:
-        time.sleep(0.02)
-    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
-    try:
+    with uvicorn_thread(app, http, loop) as (uv, port):
+        url = f"http://127.0.0.1:{port}/"
+        fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
         big = b"x" * (5 << 20)
         assert httpx.post(url, content=big, timeout=30).text == str(len(big))
         c = socket.create_connection(("127.0.0.1", port))
@@ -1191,7 +1173,3 @@ def test_kernel_reads_keep_http_whole(loop, http):
         assert not uv.server_state.connections
         if fds is not None:
             assert len(os.listdir("/proc/self/fd")) <= fds  # every duplicate descriptor closed
-    finally:
-        uv.should_exit = True
-        thread.join(10)
-        sock.close()
