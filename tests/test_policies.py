@@ -1417,6 +1417,33 @@ def test_policy_targets_from_a_hand_built_report():
     c = t2["control_apart"]
     assert c["value"] == pytest.approx(0.025) and c["max"] == pytest.approx(0.9) and c["met"]
     assert c["where"] == "mixed batch 16 (1.900x)"
+    # --oracle: the kind oracle's geometric mean over the mixed levels against the best single fixed k of its own run
+    orc = [dict(batch=1, ks={"json": 2, "code": 0}, speedup={"plain": 1.0, "fixed-1": 1.1, "fixed-2": 1.2,
+                                                           "kind-oracle": 1.3}, identical=True),
+           dict(batch=16, ks={"json": 1, "code": 0}, speedup={"plain": 1.0, "fixed-1": 0.9, "fixed-2": 0.7,
+                                                            "kind-oracle": 1.0}, identical=True)]
+    t3 = policy_targets({"rows": rows, "oracle": orc})
+    o = t3["mixed_oracle_vs_best_single_k"]  # fixed-1 sqrt(0.99), fixed-2 sqrt(0.84), plain 1: plain is best
+    assert o["best_fixed"] == "plain" and o["value"] == pytest.approx(math.sqrt(1.3)) and o["met"]
+    assert {k: t3[k]["value"] for k in t} == {k: t[k]["value"] for k in t}
+    orc[1]["identical"] = False
+    assert not policy_targets({"rows": rows, "oracle": orc})["all_identical"]["met"]
+
+
+def test_kind_oracle_by_hand():
+    """The mixed stream's headroom policy: each row's kind's k, one k a round (the rounded mean of the rows' ks); each
+    kind's k is its best fixed configuration at the level (plain = 0)."""
+    from speclab.analysis.kind_oracle import KindOracle, best_fixed_by_kind
+
+    o = KindOracle({"a": "json", "b": "code", "c": "code"}, {"json": 4, "code": 1})
+    assert o.k_max == 4 and o.draft_stop() is None and o.choose(view([])) == []
+    assert [c.k for c in o.choose(view([[]], ids=["a"]))] == [4]
+    assert [c.k for c in o.choose(view([[], [], []], ids=["a", "b", "c"]))] == [2, 2, 2]  # round(6 / 3)
+    assert [c.k for c in o.choose(view([[], []], ids=["b", "zz"]))] == [1, 1]  # round(0.5): an unknown row is plain
+    by = {(w, 4, c): dict(speedup=sp, k=k) for w, c, k, sp in (
+        ("json", "plain", 0, 1.0), ("json", "fixed-2", 2, 1.3), ("json", "fixed-4", 4, 1.4),
+        ("code", "plain", 0, 1.0), ("code", "fixed-2", 2, 0.95), ("code", "fixed-4", 4, 0.8))}
+    assert best_fixed_by_kind(by, ["json", "code"], 4, ["plain", "fixed-2", "fixed-4"]) == {"json": 4, "code": 0}
 
 
 def test_a_cells_speedup_is_the_median_of_its_repetitions_ratios():
@@ -1551,9 +1578,16 @@ def test_bench_policies_smoke(tmp_path, capsys):
     out = tmp_path / "policies.json"
     rc = main(["bench", "--policies", "--workload", "json,code", "--batches", "1,2", "--ks", "1,2",
                "--prompts-per-workload", "1", "--reps", "2", "--max-new-tokens", "6", "--threads", "1",
-               "--control", "--json", str(out), "--quiet"])
+               "--control", "--oracle", "--json", str(out), "--quiet"])
     assert rc == 0
     rep = json.loads(out.read_text())
+    # --oracle: the mixed levels again, every fixed configuration beside the kind oracle, outputs exact
+    assert [o["batch"] for o in rep["oracle"]] == [1, 2]
+    for o in rep["oracle"]:
+        assert set(o["ks"]) == {"json", "code"} and o["identical"]
+        assert set(o["speedup"]) == {"plain", "fixed-1", "fixed-2", "kind-oracle"} and o["speedup"]["plain"] == 1.0
+        assert all(len(v) == 2 for v in o["speedups"].values())
+    assert rep["targets"]["mixed_oracle_vs_best_single_k"]["value"] > 0
     assert rep["workloads"] == ["json", "code", "mixed"] and rep["calibration_s"] > 0
     configs = {r["config"] for r in rep["rows"]}
     assert {"plain", "fixed-1", "fixed-2", "goodput", "heuristic", "ema", "confidence", "batch-table",

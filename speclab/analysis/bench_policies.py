@@ -39,7 +39,7 @@ from .bench_runs import (
     grid,
     lockstep,
     logger,
-    mixed_prompts,
+    mixed_stream,
     setup,
     write_report,
 )
@@ -79,8 +79,9 @@ def run_policies(args) -> int:
     M, n_prompts, levels = g["max_new_tokens"], g["prompts"], g["batches"]
     wls = workload_names(g["workload"])
     texts = {w: [p.prompt for p in load_workload(w)] for w in wls}
+    mixed_kinds = []
     if len(wls) > 1:
-        texts["mixed"] = mixed_prompts(wls)
+        mixed_kinds, texts["mixed"] = map(list, zip(*mixed_stream(wls)))
     ids = {w: [target.encode(p) for p in ps] for w, ps in texts.items()}
     cells = [(w, B) for w in ids for B in levels]
     # per cell: a burst of max(prompts, B) + B requests at concurrency B, their budgets spread around M
@@ -171,8 +172,59 @@ def run_policies(args) -> int:
         batches=levels, fixed_ks=g["fixed_ks"], K=K, reps=g["reps"], workloads=list(ids),
         calibration_s=calib_s, run_s=time.perf_counter() - t_run, costs=spec.costs.snapshot(),
         learnt_costs={label: t.snapshot() for label, t in tables.items() if t is not spec.costs}, rows=results)
+    if getattr(args, "oracle", False) and "mixed" in ids:
+        fixed_labels = [label for label, p, _ in configs if p in (None, "fixed") and label != CONTROL]
+        report["oracle"] = run_oracle(
+            target, draft_name, results, [(label, k) for label, p, k in configs if label in fixed_labels],
+            wls, dict(queue=queue, lengths=lengths, kinds=mixed_kinds, levels=levels, reps=g["reps"], seed=args.seed,
+                 clock=clock, costs=spec.costs, log=log, ref=ref))
     report["targets"] = policy_targets(report)
     return write_report(args, report, format_policies(report))
+
+
+def run_oracle(target, draft_name, results: list[dict], fixed: list[tuple[str, int]], kinds: list[str],
+               run: dict) -> list[dict]:
+    """The mixed stream's headroom (``--oracle``): each mixed level again, in lockstep, plain and every fixed k beside
+    a :class:`~speclab.analysis.kind_oracle.KindOracle` drafting each request's workload at that workload's best fixed
+    k at this level in the main repetitions (``kinds``: the workloads; ``run``: the mixed cells' queues, budgets and
+    the queue's kinds, the levels, repetitions, seed, clock, the calibrated cost table, the logger and the greedy
+    references). Returns one row per level: the oracle's ks, every configuration's speedup (median of the
+    repetitions' paired ratios), its repetitions' ratios, and whether every output matched plain greedy decoding."""
+    from ..drafters import make_drafter
+    from .kind_oracle import KindOracle, best_fixed_by_kind
+    from .sweep import cached_model
+
+    by = {(r["workload"], r["batch"], r["config"]): r for r in results}
+    labels = [label for label, _ in fixed]
+    order = random.Random(f"{run['seed']}-oracle")
+    out = []
+    for B in run["levels"]:
+        q, lens = run["queue"][("mixed", B)], run["lengths"][("mixed", B)]
+        ks = best_fixed_by_kind(by, kinds, B, labels)
+        rid = {f"bench-{i}": run["kinds"][i % len(run["kinds"])] for i in range(len(q))}
+        oracle = KindOracle(rid, ks)
+        runs = [(make_drafter(draft_name, target, load=cached_model) if k else None, make_policy_fixed(k))
+                for _, k in fixed]
+        runs.append((make_drafter(draft_name, target, load=cached_model), oracle))
+        tables = [run["costs"]] * len(fixed) + [run["costs"].copy()]
+        tps: dict[str, list[float]] = {c: [] for c in labels + ["kind-oracle"]}
+        same = True
+        for _ in range(run["reps"]):
+            res = lockstep(target, runs, q, B, lens, tables, run["seed"], run["clock"], shuffle=order)
+            for c, (ntok, spent, reqs) in zip(labels + ["kind-oracle"], res):
+                tps[c].append(ntok / spent)
+                same = same and all(r.generated == run["ref"][tuple(r.prompt_ids)][:r.max_new_tokens] for r in reqs)
+        ratios = {c: paired_ratios(v, tps["plain"]) for c, v in tps.items()}
+        out.append(dict(batch=B, ks=ks, speedup={c: statistics.median(r) for c, r in ratios.items()},
+                        speedups=ratios, plain_tokens_per_s=statistics.median(tps["plain"]), identical=same))
+        run["log"](f"[policies] kind oracle at batch {B} done")
+    return out
+
+
+def make_policy_fixed(k: int):
+    from ..engine import Fixed, Off
+
+    return Fixed(k) if k else Off()
 
 
 def paired_ratios(tps: list[float], plain: list[float]) -> list[float]:
@@ -220,7 +272,15 @@ def policy_targets(rep: dict) -> dict:
         worst = max(control, key=lambda r: abs(r["speedup"] - 1.0))
         t["control_apart"] = dict(value=statistics.median(dev), goal="info", max=dev[-1],
                                   where=f"{worst['workload']} batch {worst['batch']} ({worst['speedup']:.3f}x)")
-    t["all_identical"] = dict(value=all(r["identical"] for r in rows), goal=True)
+    oracle = rep.get("oracle")
+    if oracle:  # not a goal: the most the mixed-stream target can ask of a policy that learns each row's kind
+        labels = [c for c in oracle[0]["speedup"] if c != "kind-oracle"]
+        gm = {c: gmean(o["speedup"][c] for o in oracle) for c in labels + ["kind-oracle"]}
+        best = max(labels, key=gm.get)
+        t["mixed_oracle_vs_best_single_k"] = dict(value=gm["kind-oracle"] / gm[best], goal="info", best_fixed=best,
+                                                  oracle_gmean=gm["kind-oracle"], best_fixed_gmean=gm[best])
+    t["all_identical"] = dict(value=all(r["identical"] for r in rows)
+                              and all(o.get("identical", True) for o in oracle or []), goal=True)
     for v in t.values():
         if v["goal"] == "info":
             v["met"] = True
@@ -274,6 +334,17 @@ def format_policies(rep: dict) -> str:
             L.append("   k/off: " + "; ".join(
                 f"{c} " + " ".join(f"b{B}:{by[(w, B, c)]['mean_drafted']:.1f}/{by[(w, B, c)]['off_share']:.0%}"
                                    for B in rep["batches"]) for c in ad))
+        L.append("")
+    if rep.get("oracle"):
+        cs = list(rep["oracle"][0]["speedup"])
+        w1 = max(w0, *(len(c) for c in cs))
+        L.append("[mixed, kind oracle: each request drafted at its workload's best fixed k above, "
+                 "in its own lockstep run]")
+        L.append(f"{'batch':>6}{'plain tok/s':>12}" + "".join(f"{c:>{w1 + 1}}" for c in cs[1:]) + "  oracle's k")
+        for o in rep["oracle"]:
+            L.append(f"{o['batch']:>6}{o['plain_tokens_per_s']:>12.1f}"
+                     + "".join(f"{o['speedup'][c]:>{w1}.2f}{' ' if o.get('identical', True) else '!'}" for c in cs[1:])
+                     + "  " + " ".join(f"{w}={k}" for w, k in o["ks"].items()))
         L.append("")
     for name, t in rep["targets"].items():
         v = t["value"]

@@ -32,6 +32,9 @@ def add_arguments(b) -> None:
                    help="the (alpha, k, batch) landscape with the synthetic drafter vs the cost model (issue 12)")
     b.add_argument("--policy-list", default=None,
                    help="--policies: policies to run besides plain and fixed k (default: every one; 'none': none)")
+    b.add_argument("--oracle", action="store_true",
+                   help="--policies: after the repetitions, the mixed stream again with a policy that knows each "
+                        "request's workload and drafts its best fixed k (the headroom of the mixed-stream target)")
     b.add_argument("--length-spread", type=float, default=0.5,
                    help="--policies, --serve-experiment: each request's token budget drawn uniformly from "
                         "max-new-tokens x [1 - s, 1 + s] (default 0.5; the same draws for every configuration or "
@@ -74,12 +77,17 @@ def grid(args, synthetic: bool = False) -> dict:
     return g
 
 
-def mixed_prompts(names: list[str]) -> list[str]:
-    """The workloads' prompts interleaved: w1[0], w2[0], ..., w1[1], w2[1], ..."""
+def mixed_stream(names: list[str]) -> list[tuple[str, str]]:
+    """The workloads' prompts interleaved, each with its workload: (w1, w1[0]), (w2, w2[0]), ..., (w1, w1[1]), ..."""
     from ..workloads import load_workload
 
-    lists = [[p.prompt for p in load_workload(w)] for w in names]
-    return [ps[i] for i in range(max(len(p) for p in lists)) for ps in lists if i < len(ps)]
+    lists = [(w, [p.prompt for p in load_workload(w)]) for w in names]
+    return [(w, ps[i]) for i in range(max(len(p) for _, p in lists)) for w, ps in lists if i < len(ps)]
+
+
+def mixed_prompts(names: list[str]) -> list[str]:
+    """The workloads' prompts interleaved: w1[0], w2[0], ..., w1[1], w2[1], ... (:func:`mixed_stream`)."""
+    return [p for _, p in mixed_stream(names)]
 
 
 def setup(args):
