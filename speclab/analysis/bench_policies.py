@@ -191,6 +191,7 @@ def run_oracle(target, draft_name, results: list[dict], fixed: list[tuple[str, i
     references). Returns one row per level: the oracle's ks, every configuration's speedup (median of the
     repetitions' paired ratios), its repetitions' ratios, and whether every output matched plain greedy decoding."""
     from ..drafters import make_drafter
+    from ..engine import make_policy
     from .kind_oracle import KindOracle, best_fixed_by_kind
     from .sweep import cached_model
 
@@ -203,7 +204,7 @@ def run_oracle(target, draft_name, results: list[dict], fixed: list[tuple[str, i
         ks = best_fixed_by_kind(by, kinds, B, labels)
         rid = {f"bench-{i}": run["kinds"][i % len(run["kinds"])] for i in range(len(q))}
         oracle = KindOracle(rid, ks)
-        runs = [(make_drafter(draft_name, target, load=cached_model) if k else None, make_policy_fixed(k))
+        runs = [(make_drafter(draft_name, target, load=cached_model) if k else None, make_policy(None, k))
                 for _, k in fixed]
         runs.append((make_drafter(draft_name, target, load=cached_model), oracle))
         tables = [run["costs"]] * len(fixed) + [run["costs"].copy()]
@@ -219,12 +220,6 @@ def run_oracle(target, draft_name, results: list[dict], fixed: list[tuple[str, i
                         speedups=ratios, plain_tokens_per_s=statistics.median(tps["plain"]), identical=same))
         run["log"](f"[policies] kind oracle at batch {B} done")
     return out
-
-
-def make_policy_fixed(k: int):
-    from ..engine import Fixed, Off
-
-    return Fixed(k) if k else Off()
 
 
 def paired_ratios(tps: list[float], plain: list[float]) -> list[float]:
