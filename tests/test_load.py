@@ -584,6 +584,13 @@ def test_latency_agreement_sets_rounds_beside_the_servers_per_step_itl():
     assert scrape.latency_agreement(summary, server, plain)["itl"] == per_chunk["itl"]
     rounds_per_chunk = {"mean_tokens_per_chunk": 2.5, "mean_tokens_per_burst": 2.5, "burst_gap_ms": 9.8}
     assert scrape.latency_agreement(summary, server, rounds_per_chunk)["itl"] == per_chunk["itl"]
+    # a chunk with no token of its own (a request's last, its finish reason and held-back text) is no multi-token
+    # chunk: still split, though the mean reads 0.996
+    with_empty = dict(split, mean_tokens_per_chunk=241 / 242, tokens_per_chunk_hist={"0": 1, "1": 241})
+    assert scrape.latency_agreement(summary, server, with_empty)["itl"] == rounds["itl"]
+    assert not scrape.one_token_chunks({"mean_tokens_per_chunk": 1.1, "tokens_per_chunk_hist": {"1": 9, "2": 1}})
+    assert not scrape.one_token_chunks({"tokens_per_chunk_hist": {"0": 3}})
+    assert scrape.one_token_chunks({"mean_tokens_per_chunk": 1.0}) and not scrape.one_token_chunks({})
 
 
 def test_scrape_plain_server_and_sglang_gauges():

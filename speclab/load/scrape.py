@@ -120,17 +120,32 @@ async def fetch(client: httpx.AsyncClient, base_url: str,
         return None, f"/metrics is not Prometheus text: {str(e)[:100]}"
 
 
+def one_token_chunks(fp: dict) -> bool:
+    """Does every chunk that carries output carry one token (a server splitting its rounds into one-token chunks)?
+    From the fingerprint's tokens-per-chunk histogram: a chunk without a token of its own (speclab serve's last chunk
+    of a request can carry only its finish reason and the text the detokeniser held back) is no multi-token chunk,
+    though it pulls the mean below 1.0 (measured: 241 one-token chunks and one such chunk on prose at one stream, a
+    mean of 0.996, so three split cells were compared per chunk, at 0.50-0.89x the server's per-round ITL, where
+    their bursts read 1.00-1.01x). e.g. {"0": 1, "1": 241}: True;
+    {"1": 40, "2": 3}: False; no histogram: the mean is exactly 1.0."""
+    hist = fp.get("tokens_per_chunk_hist")
+    if hist:
+        sizes = {int(k) for k, v in hist.items() if v}
+        return 1 in sizes and sizes <= {0, 1}
+    return fp.get("mean_tokens_per_chunk") == 1.0
+
+
 def latency_agreement(summary: dict, server: dict, fingerprint: dict | None = None) -> dict:
     """Client means (ms) beside the server's histogram means over the same window, with client / server.
     Caveats: a server's TTFT may start later than the client's (vLLM's when its API server reads the request;
     speclab serve's when the request reached the machine), and a server's ITL histogram is per engine step, which
     equals the client's ``itl`` (per chunk) only when each chunk carries one step. When every chunk carries one
-    token and they come in bursts (a server splitting each round into one-token chunks), the client's figure
-    set beside the server's ITL is the mean wait before a burst (``fingerprint["burst_gap_ms"]``), one round each,
-    marked ``"client_from": "bursts"``; the per-chunk ITL stays in the summary."""
+    token (:func:`one_token_chunks`) and they come in bursts (a server splitting each round into one-token chunks),
+    the client's figure set beside the server's ITL is the mean wait before a burst (``fingerprint["burst_gap_ms"]``),
+    one round each, marked ``"client_from": "bursts"``; the per-chunk ITL stays in the summary."""
     out = {}
     fp = fingerprint or {}
-    by_bursts = (fp.get("mean_tokens_per_chunk") == 1.0 and (fp.get("mean_tokens_per_burst") or 0.0) > ESTIMATE_CHUNKS
+    by_bursts = (one_token_chunks(fp) and (fp.get("mean_tokens_per_burst") or 0.0) > ESTIMATE_CHUNKS
                  and fp.get("burst_gap_ms"))
     for key, (ours, theirs) in {"ttft": ("ttft_ms", "ttft"), "itl": ("itl_ms", "itl"), "tpot": ("tpot_ms", "tpot"),
                                 "e2e": ("e2e_ms", "e2e")}.items():
