@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 
 import pytest
 import torch
@@ -11,6 +13,26 @@ from speclab.testing import char_tokenizer as make_tokenizer  # noqa: F401 - use
 from speclab.testing import tiny_llama
 
 torch.set_num_threads(1)  # tiny models; and several test processes must not fight over 2 cores
+
+
+STUCK_S = int(os.environ.get("SPECLAB_STUCK_S", "900"))  # no test takes a fifth of this; one that does is stuck
+_STDERR: list[int] = []  # a copy of the terminal's stderr, taken before pytest captures a test's output
+
+
+def pytest_configure(config):
+    _STDERR.append(os.dup(sys.stderr.fileno()))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test stuck for STUCK_S seconds (its fixtures' set-up and tear-down included) dumps every thread's stack
+    and ends the run with exit status 1: CI then fails in minutes, saying where it hung, instead of running out
+    its time limit with nothing said."""
+    faulthandler.dump_traceback_later(STUCK_S, exit=True, file=_STDERR[0] if _STDERR else sys.stderr)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def make_model(path, seed: int, tokenizer=None, vocab_size: int | None = None, layers: int = 2, hidden: int = 64,

@@ -182,8 +182,10 @@ def test_stop_gate_ends_the_run_before_stop_returns():
         done.set()
 
     threading.Thread(target=page, daemon=True).start()
-    while len(seen) < 3:
+    deadline = time.monotonic() + 60
+    while len(seen) < 3 and time.monotonic() < deadline:
         time.sleep(0.005)
+    assert len(seen) >= 3, seen
     assert gate.stop(timeout=5)
     assert closed.is_set()  # stop() returned only once the run had ended (closed, not left to run its rounds)
     n = len(seen)

@@ -138,6 +138,22 @@ def reference(models, drafter: str | None, k: int, body: dict, chat: bool = Fals
 
 
 # ------------------------------------------------------------------------------ HTTP helpers
+async def running_on(server, core: int | None, *requests, timeout: float = 60.0) -> None:
+    """Wait until the engine (or its core ``core``) reports a running request, for at most ``timeout`` s: a core
+    that never runs it fails the test with what it saw, never hangs it."""
+    engine = server.engine
+    deadline = time.monotonic() + timeout
+
+    def running() -> int:
+        return engine.running if core is None else engine.cores[core].running
+
+    while running() == 0 and not any(r.done() for r in requests) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    ended = [repr(r.result() if r.exception() is None else r.exception()) for r in requests if r.done()]
+    assert running() > 0, (f"the engine{'' if core is None else f' core {core}'} never ran the request (alive: "
+                           f"{engine.alive}; ended: {ended or 'none'})")
+
+
 async def post(client: httpx.AsyncClient, url: str, body: dict, headers=AUTH) -> dict:
     """One request, streamed or not, folded into {status, text, token_ids, finish_reason, usage, speculation,
     chunks (token ids per content chunk)}."""
@@ -633,11 +649,9 @@ def test_data_parallel_cores_share_the_load_exactly(models):
         async def kill_the_second():
             async with httpx.AsyncClient(timeout=120) as client:
                 first = asyncio.ensure_future(post(client, url, long, {}))
-                while server.engine.cores[0].running == 0:
-                    await asyncio.sleep(0.01)
+                await running_on(server, 0, first)
                 second = asyncio.ensure_future(post(client, url, {**long, "max_tokens": 900}, {}))
-                while server.engine.cores[1].running == 0:
-                    await asyncio.sleep(0.01)
+                await running_on(server, 1, second)
                 os.kill(server.engine.workers[1].pid, signal.SIGKILL)
                 return await asyncio.gather(first, second)
 
@@ -852,8 +866,7 @@ def test_engine_process_death_fails_requests_in_flight(models):
         async def run():
             async with httpx.AsyncClient(timeout=60) as client:
                 streaming = asyncio.ensure_future(post(client, url, body, {}))
-                while server.engine.running == 0:  # it runs
-                    await asyncio.sleep(0.02)
+                await running_on(server, None, streaming)
                 os.kill(server.engine.workers[0].pid, signal.SIGKILL)
                 return await streaming
 

@@ -199,12 +199,13 @@ def close_sockets_except(keep: int) -> None:
 
 
 def name_process(name: bytes) -> None:
-    """The process name ``ps -o comm`` and ``top`` show (Linux; elsewhere nothing happens)."""
+    """The process name ``ps -o comm`` and ``top`` show (Linux; elsewhere nothing happens). Written to
+    ``/proc/self/comm`` (what ``prctl(PR_SET_NAME)`` sets), not through ctypes: a forked child must not load a
+    library (``dlopen`` takes the loader's lock, which another thread of the parent may have held at the fork)."""
     try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):
+        with open("/proc/self/comm", "wb") as f:
+            f.write(name[:15])
+    except OSError:
         pass
 
 
