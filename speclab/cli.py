@@ -168,11 +168,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (a BaseException, as KeyboardInterrupt: no ``except Exception`` swallows it)."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """SIGTERM's default ends the process at once, running no ``finally`` clause: the servers a benchmark or
+    ``speclab load`` started, each in its own session, would be left running. Raised as :class:`Terminated` in the
+    main thread instead, it unwinds the ``with`` blocks that stop them. Only where SIGTERM still has its default
+    (a host that handles it keeps its handler; ``speclab serve``'s uvicorn installs its own while it serves)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
+
+
 def main(argv: list[str] | None = None) -> int:
     from .defaults import default_draft, default_target
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    exit_cleanly_on_sigterm()
     if getattr(args, "target", "x") is None:
         args.target = default_target()
     if getattr(args, "draft", "x") is None:
@@ -185,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("speclab: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("speclab: terminated (SIGTERM)", file=sys.stderr)
+        return 143
 
 
 if __name__ == "__main__":

@@ -1054,6 +1054,75 @@ def test_bench_serve_small(tmp_path, capsys):
     assert "server overhead: plain at concurrency 1 over solo generate -k 0" in text
 
 
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (from /proc; a zombie counts as gone)."""
+    import os
+
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parent[int(d)] = int(fields[1])
+    out, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        frontier += kids
+    return out
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_benchmark_stops_the_servers_it_started():
+    """`speclab bench --serve` starts its servers in their own sessions: a SIGTERM to the benchmark (SIGTERM's
+    default runs no clean-up) once left them running, calibrating, with nobody to stop them. Now it unwinds: exit
+    status 143, one line, and every process it started is gone."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "speclab", "bench", "--serve", "--workload", "json",
+                             "--concurrency", "1", "--requests", "3", "--max-new-tokens", "8", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))
+    try:
+        deadline, below = time.monotonic() + 120, []
+        while time.monotonic() < deadline and proc.poll() is None:
+            below = descendants(proc.pid)
+            if len(below) >= 2:  # a server and its engine core
+                break
+            time.sleep(0.2)
+        assert below, "the benchmark started no server"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(p) for p in below):
+            time.sleep(0.2)
+        left = [p for p in below if _alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in below:  # whatever the outcome, nothing of this test's is left running
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "speclab: terminated (SIGTERM)", err[-500:]
+    assert not left, f"left running after the benchmark ended: {left}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 # ---------------------------------------------------------------- against real vLLM (its CPU build)
 
 
