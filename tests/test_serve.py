@@ -150,6 +150,11 @@ async def running_on(server, core: int | None, *requests, timeout: float = 60.0)
     while running() == 0 and not any(r.done() for r in requests) and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     ended = [repr(r.result() if r.exception() is None else r.exception()) for r in requests if r.done()]
+    if running() == 0 and engine.process:  # where the core is: its stack into this test's captured stderr
+        for w in engine.workers:
+            if w is not None and w.is_alive():
+                os.kill(w.pid, signal.SIGUSR1)
+        await asyncio.sleep(1.0)
     assert running() > 0, (f"the engine{'' if core is None else f' core {core}'} never ran the request (alive: "
                            f"{engine.alive}; ended: {ended or 'none'})")
 

@@ -23,6 +23,7 @@ streams tokens and counts, and never shows the probabilities, so the scheduler s
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -222,6 +223,8 @@ def run_core(make_scheduler, sock, *, own_process: bool, threads: int | None = N
             pass
         close_sockets_except(sock.fileno())
         name_process(b"speclab-engine")  # as `ps` and `top` show it (vLLM's is VLLM::EngineCore)
+        # `kill -USR1 <pid>` prints where the core is (every thread's Python stack) to the server's stderr
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         if threads:
             import torch
 
