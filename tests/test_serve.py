@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -854,6 +855,51 @@ def test_arrival_is_stamped_when_the_request_is_read(http):
             written.set()
     assert len(seen) == N and all(a is not None and a <= t for a, t in seen)
     assert max(t - a for a, t in seen) >= 0.08  # read, then waited behind >= 4 others' handlers (100 ms)
+
+
+def test_health_says_503_until_the_engine_core_is_ready(models, monkeypatch):
+    """The core's READY comes once it has built its scheduler (an adaptive policy calibrates there): until then
+    /health says 503, so a start-up that waits for 200 waits for it, and a core stuck while starting never looks
+    healthy. A request sent meanwhile waits in the channel and completes."""
+    import threading
+
+    from speclab.engine import Off
+    from speclab.serve import app as serve_app
+    from speclab.serve.app import Server
+
+    gate, real = threading.Event(), serve_app.Scheduler
+
+    def held(*args, **kw):
+        assert gate.wait(60)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(serve_app, "Scheduler", held)
+    srv = InProcess(Server(models["target"], None, Off(), served_name="held", engine_process=False))
+    srv.thread.start()
+    try:
+        codes, deadline = [], time.monotonic() + 30
+        while len(codes) < 5 and time.monotonic() < deadline:
+            try:
+                codes.append(httpx.get(srv.url + "/health", timeout=2).status_code)
+            except httpx.HTTPError:
+                pass  # not listening yet
+            time.sleep(0.05)
+        assert codes == [503] * 5
+        body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(httpx.post, srv.url + "/v1/completions", json=body, timeout=60)
+            time.sleep(0.3)
+            assert not waiting.done()
+            gate.set()
+            deadline = time.monotonic() + 30
+            while httpx.get(srv.url + "/health", timeout=2).status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert httpx.get(srv.url + "/health", timeout=2).status_code == 200
+            r = waiting.result(timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        gate.set()
+        srv.stop()
 
 
 def test_engine_process_death_fails_requests_in_flight(models):

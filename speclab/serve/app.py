@@ -281,7 +281,7 @@ def create_app(server: Server) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        ok = server.engine.alive and not server.draining
+        ok = server.engine.alive and server.engine.ready and not server.draining  # 503 while a core starts
         return Response(status_code=200 if ok else 503)
 
     @app.get("/metrics")

@@ -10,6 +10,8 @@ while the scheduler is idle and, between steps, takes what has arrived without w
 Messages out, one per scheduler event (so a prefill's first tokens leave while the round after it runs),
 ``(items, running, waiting)``, items in order:
 
+* ``(READY,)``: first, alone, once the scheduler is built (its calibration included): the HTTP side's ``/health``
+  says 200 only after every core sent it;
 * ``(ROUND, phase, time, prefill_s, rows, prefix queries, prefix hits)``: the event, for metrics; rows
   ``(request id, new tokens, k, k capped by the budget, drafted, accepted)``;
 * ``(TOKENS, request id, token ids)``: what one round committed for a request still running;
@@ -37,7 +39,7 @@ from .channel import BlockingChannel
 log = logging.getLogger("speclab.serve")
 
 SUBMIT, CANCEL, STOP = "submit", "cancel", "stop"
-ROUND, TOKENS, FINAL, ERROR, ENGINE_ERROR = "round", "tokens", "final", "error", "engine_error"
+READY, ROUND, TOKENS, FINAL, ERROR, ENGINE_ERROR = "ready", "round", "tokens", "final", "error", "engine_error"
 STOPPED = "the server stopped before this request finished"
 
 
@@ -70,6 +72,8 @@ class EngineCore:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
+        self.out.append((READY,))
+        self._flush()
         while True:
             for msg in self.ch.recv(block=self.sched.idle):
                 self._handle(msg)

@@ -13,7 +13,7 @@ class InProcessServer:
     """``with InProcessServer(Server(...)) as srv: srv.url`` — started on enter (waits for /health),
     stopped on exit (the app's shutdown stops the engine core)."""
 
-    def __init__(self, server, startup_timeout: float = 30.0):
+    def __init__(self, server, startup_timeout: float = 120.0):
         import uvicorn
 
         from .app import create_app

@@ -43,7 +43,7 @@ from typing import Callable
 from ..engine.request import Request
 from ..engine.scheduler import QueueFull
 from .channel import LoopChannel
-from .core import CANCEL, ENGINE_ERROR, ERROR, FINAL, ROUND, STOP, STOPPED, SUBMIT, TOKENS, apply_final, run_core
+from .core import CANCEL, ENGINE_ERROR, ERROR, FINAL, READY, ROUND, STOP, STOPPED, SUBMIT, TOKENS, apply_final, run_core
 
 log = logging.getLogger("speclab.serve")
 
@@ -103,7 +103,7 @@ def core_share(total: int, cores: int, core: int) -> int:
 class _Core:
     """One engine core as this side sees it: its worker, its channel, its latest counts, its requests."""
 
-    __slots__ = ("index", "rows", "worker", "channel", "running", "waiting", "in_flight", "submitted")
+    __slots__ = ("index", "rows", "worker", "channel", "running", "waiting", "in_flight", "submitted", "ready")
 
     def __init__(self, index: int, rows: int):
         self.index = index
@@ -111,6 +111,7 @@ class _Core:
         self.worker: multiprocessing.Process | threading.Thread | None = None
         self.channel: LoopChannel | None = None
         self.running = self.waiting = 0  # as the core last reported
+        self.ready = False  # it has built its scheduler (its READY came)
         self.in_flight = 0  # requests sent to it and not yet ended, counted here (its reports lag)
         self.submitted = 0  # requests sent to it in all
 
@@ -178,6 +179,11 @@ class Engine:
             os.sched_setaffinity(0, self.cpus[1])
 
     @property
+    def ready(self) -> bool:
+        """Every core has built its scheduler (calibration included) and waits for work."""
+        return all(c.ready for c in self.cores)
+
+    @property
     def alive(self) -> bool:
         return not self._dead and all(c.worker is not None and c.worker.is_alive() for c in self.cores)
 
@@ -234,7 +240,9 @@ class Engine:
         for items, core.running, core.waiting in msgs:
             for item in items:
                 kind = item[0]
-                if kind == ROUND:
+                if kind == READY:
+                    core.ready = True
+                elif kind == ROUND:
                     self._observe("on_round", item[1], item[2], item[3], item[4], self.handles, item[5], item[6])
                 elif kind == TOKENS:
                     h = self.handles.get(item[1])
