@@ -559,10 +559,17 @@ def test_adaptive_policy_starts_from_calibrated_step_costs(models):
     from speclab.serve.app import Server
 
     target, draft = models["target"], models["draft"]
-    costs = OnlineCosts()
-    costs.calibrate(target, draft.lm, rows=(1, 2), tokens=(1, 2, 3, 4, 5), reps=ROBUST_REPS, stat=ROBUST_STAT,
-                    clock=calibration_clock(target.device, torch.get_num_threads()))
-    before = costs.snapshot()
+    # a calibration that a busy spell stretched (one CI run: goodput stayed off, rightly for the tables it read)
+    # is taken again: on a quiet machine a 5-token verify costs ~1.5x a 1-token step; stretched, 4x
+    for _ in range(5):
+        costs = OnlineCosts()
+        costs.calibrate(target, draft.lm, rows=(1, 2), tokens=(1, 2, 3, 4, 5), reps=ROBUST_REPS, stat=ROBUST_STAT,
+                        clock=calibration_clock(target.device, torch.get_num_threads()))
+        before = costs.snapshot()
+        stretch = before["calibrated_target"]["1x5"] / before["calibrated_target"]["1x1"]
+        if stretch < 2.5:
+            break
+    assert stretch < 2.5, f"a 5-token verify calibrated at {stretch:.1f}x a 1-token step five times: a busy machine"
     assert before["calibrated_target"] and not before["target"]  # timed, nothing learnt yet
     server = Server(target, draft, make_policy("goodput", 4), served_name="calibrated", engine_process=False,
                     engine_cores=1, costs=costs)
