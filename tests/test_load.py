@@ -1054,20 +1054,31 @@ def test_bench_serve_small(tmp_path, capsys):
     assert "server overhead: plain at concurrency 1 over solo generate -k 0" in text
 
 
+def _proc_stat(pid: int | str) -> tuple[str, int] | None:
+    """(state, parent pid) from /proc/PID/stat; None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the name, which may hold spaces
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie."""
+    st = _proc_stat(pid)
+    return st is not None and st[0] != "Z"
+
+
 def descendants(pid: int) -> list[int]:
-    """The live processes below ``pid`` (from /proc; a zombie counts as gone)."""
+    """The live processes below ``pid`` (a zombie counts as gone)."""
     import os
 
     parent = {}
     for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parent[int(d)] = int(fields[1])
+        st = _proc_stat(d) if d.isdigit() else None
+        if st is not None and st[0] != "Z":
+            parent[int(d)] = st[1]
     out, frontier = [], [pid]
     while frontier:
         p = frontier.pop()
@@ -1113,14 +1124,6 @@ def test_sigterm_to_a_benchmark_stops_the_servers_it_started():
                 os.kill(p, signal.SIGKILL)
     assert proc.returncode == 143 and err.strip().splitlines()[-1] == "speclab: terminated (SIGTERM)", err[-500:]
     assert not left, f"left running after the benchmark ended: {left}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------- against real vLLM (its CPU build)
