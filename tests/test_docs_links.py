@@ -15,7 +15,7 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading's text.
-    e.g. 'Cost samples (session 40): `a --b`' -> 'cost-samples-session-40-a---b'."""
+    e.g. 'Cost samples (online): `a --b`' -> 'cost-samples-online-a---b'."""
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip())  # a link in a heading counts by its text
     text = text.lower()
     text = re.sub(r"[^\w\- ]", "", text)  # \w keeps letters, digits and underscores (Unicode)
@@ -53,10 +53,10 @@ def links(page: Path):
 
 
 def test_the_slug_rule_on_hand_built_headings():
-    assert slug("Cost samples by the thread's CPU time (2026-12-03, session 40)") == \
-        "cost-samples-by-the-threads-cpu-time-2026-12-03-session-40"
-    assert slug("Adaptive policies (issue 12): `speclab bench --policies --control`") == \
-        "adaptive-policies-issue-12-speclab-bench---policies---control"
+    assert slug("Cost samples by the thread's CPU time (k = 4, 16 rows)") == \
+        "cost-samples-by-the-threads-cpu-time-k--4-16-rows"
+    assert slug("Adaptive policies: `speclab bench policies --control`") == \
+        "adaptive-policies-speclab-bench-policies---control"
     assert slug("What is measured (vLLM's definitions)") == "what-is-measured-vllms-definitions"
     assert slug("see [the runs](x.md) here") == "see-the-runs-here"
 
