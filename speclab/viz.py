@@ -184,8 +184,7 @@ def ttft_chart(df):
 
 
 # =============================================================================================
-# Notebooks (issue 5): offline chart rendering and the charts of notebooks 03 and 04.
-# Appended as one block; nothing above is changed.
+# Notebooks: offline chart rendering and the charts of notebooks 03 and 04.
 
 
 def enable_offline_altair(renderer: str = "svg") -> str:
