@@ -277,7 +277,7 @@ def test_affine_round_times_weighted():
 
 
 def test_goodput_prices_a_draft_length_from_the_widths_timed_online():
-    """64 rows, as measured on JSON (session 38): verifies of 2 and 3 tokens timed online at 22 and 31 ms (1.5x their
+    """64 rows, as on a JSON workload: verifies of 2 and 3 tokens timed online at 22 and 31 ms (1.5x their
     calibration), 4 and 5 tokens only calibrated, rescaled by that 1.5 to more than rounds of k = 3 and 4 cost in a
     line with the others (the verify grows ever less per token there). The line through every draft length's round
     priced k = 1 at 28.45 ms against 26.5 from its parts, and goodput stayed off at a predicted 1.04x where drafting
