@@ -1258,9 +1258,9 @@ def test_step_costs_are_timed_with_the_cost_tables_clock(tiny, target_lm):
     """Online cost samples are timed with OnlineCosts.clock, the clock the table was calibrated with (the thread's CPU
     time on a CPU with one torch thread), while the events' phase timings stay on the wall clock. A forward that
     waits (here a sleep, which uses no CPU: a stand-in for another process taking the core) stretches wall-clock
-    samples; a table on another clock reads only that clock. Why it matters: two engine cores sharing 2 CPUs with the HTTP side, wall-clock samples
-    priced one core's verify blocks at 8 rows at 3.7x a plain step (the other core's: 1.9x), and it drafted k = 1
-    where k = 4 paid."""
+    samples; a table on another clock reads only that clock. Why it matters: with two engine cores sharing 2 CPUs
+    with the HTTP side, wall-clock samples priced one core's verify blocks at 8 rows at 3.7x a plain step (the other
+    core's: 1.9x), and it drafted k = 1 where k = 4 paid."""
     import time
 
     from speclab.engine import Fixed, Scheduler

@@ -36,7 +36,9 @@ CSS = """
 /* a table's header reads whole: Gradio sizes a column by its cells, so a column of empty or short cells beside a
    long one (the advisor's flags) would break its header letter by letter; the table scrolls sideways instead */
 .header-cell { min-width: max-content !important; }
-.header-cell .header.text { word-break: normal !important; overflow-wrap: normal !important; white-space: nowrap !important; }
+.header-cell .header.text {
+  word-break: normal !important; overflow-wrap: normal !important; white-space: nowrap !important;
+}
 """
 
 
