@@ -9,6 +9,7 @@ import pytest
 from speclab.family import list_models
 
 
+@pytest.mark.slow
 def test_compare_smoke(tmp_path, capsys):
     if not {"target", "draft-xs"} <= {m["name"] for m in list_models()}:
         pytest.skip("family not trained")
@@ -54,6 +55,7 @@ def test_compare_grid_defaults():
     assert full.ks == "4" and full.workload == FULL["workload"] and full.batches == FULL["batches"]
 
 
+@pytest.mark.slow
 def test_layouts_smoke(tmp_path, capsys):
     """`bench --layouts`: the target (21 MB of weights) is kept in both layouts and timed both ways, the draft in
     one; generate with the engine's choice gives the same tokens as with W^T everywhere."""

@@ -113,6 +113,7 @@ def test_mismatched_tokenizers_named(tiny, capsys):
     assert "different tokenizers" in err and "other_tok" in err and "target" in err
 
 
+@pytest.mark.slow
 def test_console_script_exit_status(tiny):
     """A real process: one line on stderr, exit status 2, no traceback."""
     p = subprocess.run([sys.executable, "-m", "speclab", "generate", "--prompt", "hi", "--target", "nope/none-here",
