@@ -6,6 +6,7 @@ Models: the embedded family when present, else tiny random Llamas (see tests/tes
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -20,6 +21,9 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent (apt-get install chromium)"),
+    # skip before the app starts (the fixtures would start it first)
+    pytest.mark.skipif(importlib.util.find_spec("playwright") is None,
+                       reason="playwright is absent (bash scripts/setup browser)"),
 ]
 
 
