@@ -181,6 +181,7 @@ def test_sweep_chart_renders_offline(page, tmp_path):
     for plot in ("#plot-acc", "#plot-k", "#plot-batch", "#plot-pos"):
         _wait_chart(page, plot)
     page.screenshot(path=str(tmp_path / "sweep.png"), full_page=True)
+    _assert_headers_one_line(page)
     assert not [e for e in page.page_errors if "vega" in e.lower()], page.page_errors
 
 
