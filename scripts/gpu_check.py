@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The GPU check (issue 16): one prepared command for a CUDA machine that writes what the lab claims
+"""The GPU check: one prepared command for a CUDA machine that writes what the lab claims
 about GPUs into an output folder.
 
     python scripts/gpu_check.py --out DIR            # on a CUDA machine: ~5 minutes, hard cap --budget

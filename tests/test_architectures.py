@@ -255,6 +255,7 @@ def _occupied(cache: HFKVCache) -> list[int]:
 
 
 @pytest.mark.parametrize("arch", ["llama-hf", "gemma2"])
+@pytest.mark.slow
 def test_cache_stays_bounded(zoo, arch):
     """A long run at k = 8 with a draft that is mostly wrong: after every round each row holds exactly
     its committed context, and no forward ever holds more than the longest context plus k + 1 slots,

@@ -258,6 +258,7 @@ def test_spec_schedules_and_shared_seed():
         assert d.teacher == "target" and t.teacher is None
 
 
+@pytest.mark.slow
 def test_corpus_packages_and_batch_scale():
     """The larger corpus of the GPU-trained family: package sources join the standard library's (named
     ``package/path``, the standard library's names unchanged), an unknown package is a clear error; and

@@ -277,7 +277,7 @@ def test_affine_round_times_weighted():
 
 
 def test_goodput_prices_a_draft_length_from_the_widths_timed_online():
-    """64 rows, as measured on JSON (session 38): verifies of 2 and 3 tokens timed online at 22 and 31 ms (1.5x their
+    """64 rows, as on a JSON workload: verifies of 2 and 3 tokens timed online at 22 and 31 ms (1.5x their
     calibration), 4 and 5 tokens only calibrated, rescaled by that 1.5 to more than rounds of k = 3 and 4 cost in a
     line with the others (the verify grows ever less per token there). The line through every draft length's round
     priced k = 1 at 28.45 ms against 26.5 from its parts, and goodput stayed off at a predicted 1.04x where drafting
@@ -1078,22 +1078,42 @@ def test_calibration_is_a_prior_rescaled_by_online_numbers(target_lm):
     assert c.target_time(1, 1) > 1.5 * t11
 
 
-def test_draft_phases_are_timed_as_a_round_runs_them(tiny, target_lm):
-    """Calibrating with a model drafter times its whole draft phase of s = 1..K steps through ``propose`` (the
-    catch-up forward, the steps, the host work around them) at every row count, on a copy of the drafter: the
-    drafter itself keeps its cache and lengths, and a phase of three steps costs more than one of one."""
+def _forward_clock(monkeypatch):
+    """A clock that reads how many cached model forwards have run: timings taken with it count forwards, the same on
+    an idle machine and a busy one."""
+    from speclab.models.native_llama import StaticKVCache
+
+    forwards = [0]
+    forward = StaticKVCache.forward
+
+    def counted(self, *args, **kwargs):
+        forwards[0] += 1
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(StaticKVCache, "forward", counted)
+    return lambda: float(forwards[0])
+
+
+def test_draft_phases_are_timed_as_a_round_runs_them(tiny, target_lm, monkeypatch):
+    """Calibrating with a model drafter times its whole draft phase of s = 1..K steps through ``propose`` at every row
+    count, on a copy of the drafter: the drafter itself keeps its cache and lengths. Timed by a clock that counts
+    forwards, a phase of s steps is s forwards: the catch-up forward and s - 1 draft steps (the last draft token is
+    never fed), so what the table prices is the phase a round runs, not one step times s."""
     from speclab.engine.costs import time_draft_phases
 
+    clock = _forward_clock(monkeypatch)
     drafter = make_drafter(tiny["draft_close"], target_lm)
+    assert drafter.lm.native is not None  # the forwards counted are the native cache's
     drafter.reset(2, 64)
     cache, dlen = drafter.cache, drafter.dlen
-    got = time_draft_phases(drafter, (1, 2), 3, 16, 2, target_lm.vocab_size)
-    assert set(got) == {(n, s) for n in (1, 2) for s in (1, 2, 3)} and all(v > 0 for v in got.values())
-    assert got[(1, 3)] > got[(1, 1)] and got[(2, 3)] > got[(2, 1)]
+    got = time_draft_phases(drafter, (1, 2), 3, 16, 2, target_lm.vocab_size, clock=clock)
+    assert got == {(n, s): float(s) for n in (1, 2) for s in (1, 2, 3)}
     assert drafter.cache is cache and drafter.dlen is dlen
     c = OnlineCosts()
-    c.calibrate(target_lm, drafter, rows=(1, 2), tokens=(1, 2, 3, 4), context=16, reps=1)
-    assert c.coverage(2) == (True, True, True) and c.draft_total(2, 3) > c.draft_total(2, 1)
+    c.calibrate(target_lm, drafter, rows=(1, 2), tokens=(1, 2, 3, 4), context=16, reps=1, clock=clock)
+    assert c.coverage(2) == (True, True, True)
+    assert [c.draft_total(2, s) for s in (1, 2, 3)] == pytest.approx([1.0, 2.0, 3.0])
+    assert c.target_time(2, 3) == pytest.approx(1.0)  # a verify of any width: one forward
 
 
 # ----------------------------------------------------------------------------------- exactness
@@ -1238,9 +1258,9 @@ def test_step_costs_are_timed_with_the_cost_tables_clock(tiny, target_lm):
     """Online cost samples are timed with OnlineCosts.clock, the clock the table was calibrated with (the thread's CPU
     time on a CPU with one torch thread), while the events' phase timings stay on the wall clock. A forward that
     waits (here a sleep, which uses no CPU: a stand-in for another process taking the core) stretches wall-clock
-    samples and not CPU-time ones. Measured: two engine cores sharing 2 CPUs with the HTTP side, wall-clock samples
-    priced one core's verify blocks at 8 rows at 3.7x a plain step (the other core's: 1.9x), and it drafted k = 1
-    where k = 4 paid."""
+    samples; a table on another clock reads only that clock. Why it matters: with two engine cores sharing 2 CPUs
+    with the HTTP side, wall-clock samples priced one core's verify blocks at 8 rows at 3.7x a plain step (the other
+    core's: 1.9x), and it drafted k = 1 where k = 4 paid."""
     import time
 
     from speclab.engine import Fixed, Scheduler
@@ -1270,11 +1290,13 @@ def test_step_costs_are_timed_with_the_cost_tables_clock(tiny, target_lm):
         sched.run_until_idle()
         return seen, verify
 
+    ticks = iter(range(1, 1 << 30))
     wall, wall_events = run(time.perf_counter)
-    cpu, cpu_events = run(time.thread_time)
+    counted, counted_events = run(lambda: 1000.0 * next(ticks))  # a clock that only moves when it is read
     assert wall and min(wall) >= wait  # the wait counted
-    assert cpu and max(cpu) < wait  # only the forward's own work
-    assert min(wall_events + cpu_events) >= wait  # what the phases report: the wall clock either way
+    # samples from the table's clock: whole readings of it (a wall-clock sample here is about 0.05)
+    assert counted and all(s >= 1000 and s % 1000 == 0 for s in counted)
+    assert min(wall_events + counted_events) >= wait  # what the phases report: the wall clock either way
 
 
 def test_events_carry_k_and_reason(tiny, target_lm):

@@ -297,6 +297,7 @@ def _wait_idle(url: str, aborted_before: float, timeout: float = 20.0) -> dict:
     pytest.fail(f"still running or not aborted after {timeout} s: {m}")
 
 
+@pytest.mark.slow
 def test_disconnect_cancels_and_frees_the_slot(servers, models):
     url = servers["main"].ready.url
     body = {"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True, "temperature": 0, "stream": True}
@@ -334,6 +335,7 @@ async def _one(url, body, headers=AUTH):
 
 
 # ------------------------------------------------------------------------------ c) overload
+@pytest.mark.slow
 def test_overload_gets_429_and_admitted_requests_complete(servers, models):
     url = servers["small"].ready.url
     bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 32, "temperature": 0, "ignore_eos": True,
@@ -517,6 +519,7 @@ class InProcess(InProcessServer):
 
 
 @pytest.mark.parametrize("process", [True, False], ids=["engine-process", "engine-thread"])
+@pytest.mark.slow
 def test_plain_decoding_server(models, process):
     """No drafter: plain decoding through the same loop, and no spec-decode metrics (as vLLM); the engine core in
     its own process (the default on a CPU) or on a thread (CUDA)."""
@@ -545,6 +548,7 @@ def test_plain_decoding_server(models, process):
     assert "vllm:generation_tokens" in names and not any(n.startswith("vllm:spec_decode") for n in names)
 
 
+@pytest.mark.slow
 def test_adaptive_policy_starts_from_calibrated_step_costs(models):
     """`speclab serve` with an adaptive policy calibrates the step costs at start-up and hands them to the engine
     core, whose scheduler then refines the same tables online (here on a thread, so the object is shared). Calibrated
@@ -579,6 +583,7 @@ def test_adaptive_policy_starts_from_calibrated_step_costs(models):
     assert costs.snapshot()["target"]  # the engine's rounds were recorded into the tables it was given
 
 
+@pytest.mark.slow
 def test_an_engine_fault_fails_only_its_requests(models):
     """A drafter that raises inside the engine step whenever a row holds the POISON token: that request
     gets a 500 body; the one running before it and the one queued behind it complete exactly."""
@@ -620,6 +625,7 @@ def test_an_engine_fault_fails_only_its_requests(models):
     assert metric(m, "vllm:request_success_total", finished_reason="error") == 1
 
 
+@pytest.mark.slow
 def test_data_parallel_cores_share_the_load_exactly(models):
     """Two engine cores (vLLM's data parallelism): concurrent staggered requests spread over both, each output equal
     to its solo run, the metrics the sum of both cores' counts; then the second core dies: its request fails, the
@@ -676,6 +682,7 @@ def test_data_parallel_cores_share_the_load_exactly(models):
         assert after.status_code == 500 and after.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_rows_the_draft_never_took_in_leave_and_move_without_failing(models):
     """A server whose policy is off above 2 rows, past the 8 rows its caches start with: rows 8-11 never draft, so
     the draft model never takes them in, and rows finishing apart move them into freed slots. Every request
@@ -1191,6 +1198,7 @@ def test_arrival_is_when_the_kernel_received_the_request_not_when_the_loop_woke(
 
 
 @pytest.mark.parametrize("loop,http", [("asyncio", "h11"), ("asyncio", "httptools"), ("uvloop", "httptools")])
+@pytest.mark.slow
 def test_kernel_reads_keep_http_whole(loop, http):
     """The connection read by the kernel-stamping reader (speclab serve's default) still does all of HTTP/1.1 that
     uvicorn's own reading does: a 5 MB body (uvicorn pauses and resumes reading as its buffer fills), three requests

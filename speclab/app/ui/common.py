@@ -33,6 +33,12 @@ CSS = """
 .speclab-rows { max-height: 640px; overflow-y: auto; }
 .speclab-status { min-height: 1.5em; }
 .speclab-error { color: #cf222e; font-weight: 600; }
+/* a table's header reads whole: Gradio sizes a column by its cells, so a column of empty or short cells beside a
+   long one (the advisor's flags) would break its header letter by letter; the table scrolls sideways instead */
+.header-cell { min-width: max-content !important; }
+.header-cell .header.text {
+  word-break: normal !important; overflow-wrap: normal !important; white-space: nowrap !important;
+}
 """
 
 
