@@ -105,7 +105,7 @@ def _exports(module: str) -> set[str]:
     return set()
 
 
-def test_the_layers_named_in_the_brief_are_packages():
+def test_the_design_layers_are_packages():
     for layer in LAYERS:
         assert f"speclab.{layer}" in MODULES, f"speclab/{layer}/ is missing"
 
