@@ -19,6 +19,9 @@ PKG = ROOT / "speclab"
 LAYERS = ("engine", "models", "drafters", "serve", "load", "analysis", "app", "family", "viz")
 
 
+KERNELS = ROOT / "kernels"  # installed as speclab.kernels (setup.py; a checkout: speclab/__init__.py)
+
+
 def _modules() -> dict[str, Path]:
     out = {}
     for p in PKG.rglob("*.py"):
@@ -26,6 +29,9 @@ def _modules() -> dict[str, Path]:
         if parts[-1] == "__init__":
             parts = parts[:-1]
         out[".".join(parts)] = p
+    out["speclab.kernels"] = KERNELS
+    for p in KERNELS.glob("*.py"):
+        out[f"speclab.kernels.{p.stem}"] = p
     return out
 
 
@@ -34,7 +40,8 @@ MODULES = _modules()
 
 @lru_cache(maxsize=None)
 def _tree(name: str) -> ast.Module:
-    return ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    path = MODULES[name]
+    return ast.parse(path.read_text(encoding="utf-8") if path.is_file() else "")  # a folder: a namespace package
 
 
 def _target(module: str, node: ast.ImportFrom) -> str | None:
@@ -42,7 +49,7 @@ def _target(module: str, node: ast.ImportFrom) -> str | None:
     if node.level == 0:
         return node.module
     base = module.split(".")
-    if MODULES[module].name != "__init__.py":
+    if MODULES[module].name != "__init__.py" and MODULES[module].is_file():
         base = base[:-1]
     if node.level > 1:
         base = base[:len(base) - (node.level - 1)]
@@ -278,13 +285,28 @@ def test_only_the_apps_layout_imports_gradio():
 
 
 def test_the_repository_installs_and_holds_one_top_level_package():
-    """Only ``speclab`` is importable from the repository's root and installed by pyproject: a top-level name of our
-    own shadows a PyPI package of that name, in the checkout and in site-packages. The lab's Triton kernels lived in a
-    top-level ``kernels/``; transformers 5.25 probes Hugging Face's ``kernels`` library, imported ours instead, and
-    every model load failed in a clean install."""
-    import re
-
+    """Only ``speclab`` is importable from the repository's root and installed: a top-level name of our own shadows a
+    PyPI package of that name, in the checkout and in site-packages. ``kernels`` is one: Hugging Face's kernel
+    library, which transformers imports. So the top-level ``kernels/`` folder has no ``__init__.py`` (a namespace
+    folder never stands in for an installed package, and transformers takes a namespace for no install) and
+    setup.py installs it as ``speclab.kernels``."""
     packages = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())
     assert packages == ["speclab"], packages
-    include = re.search(r"^include\s*=\s*\[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.M)
-    assert include and [s.strip().strip("\"'") for s in include.group(1).split(",")] == ["speclab*"]
+    assert KERNELS.is_dir() and not (KERNELS / "__init__.py").exists()
+    setup = (ROOT / "setup.py").read_text()
+    assert 'find_packages(include=["speclab*"]) + ["speclab.kernels"]' in setup
+    assert 'package_dir={"speclab.kernels": "kernels"}' in setup
+    assert "[tool.setuptools.packages" not in (ROOT / "pyproject.toml").read_text()  # it would override setup.py's
+
+
+def test_the_kernels_load_from_the_top_level_folder():
+    import speclab.kernels.rejection as rejection
+
+    assert Path(rejection.__file__).resolve() == (KERNELS / "rejection.py").resolve()
+
+
+def test_the_kernels_import_nothing_of_speclab():
+    """The engine imports the kernels; a kernel importing the engine back would be a circle."""
+    bad = [f"{MODULES[m].relative_to(ROOT)}:{line}: {t}" for m in MODULES if m.startswith("speclab.kernels")
+           for line, t, _ in _imports(m)]
+    assert not bad, bad

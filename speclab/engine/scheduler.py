@@ -40,7 +40,7 @@ from ..errors import SpeclabError
 from ..events import HookRegistry, RoundEvent
 from ..limits import check_context
 from ..models.cuda_graphs import graphed, use_cuda_graphs
-from .acceptance import accept_rows, rejection_sample, tree_rejection_sample
+from .acceptance import accept_rows, rejection_impl, tree_rejection_sample
 from .costs import PLAIN_SAMPLES, OnlineCosts
 from .policies import Off, PolicyView, RowView
 from .request import FINISHED, RUNNING, WAITING, Request, find_stop
@@ -90,19 +90,6 @@ def admit_runs(rows: list[int], lengths: list[int], budget: int = PREFILL_PAD_BU
 
 class QueueFull(SpeclabError):
     """The waiting queue is at its bound: the request was refused (servers answer 429)."""
-
-
-def rejection_impl(device: torch.device):
-    """The fused Triton kernel on CUDA when Triton is installed, else the pure PyTorch reference."""
-    if device.type == "cuda":
-        try:
-            from ..kernels import fused_rejection_sample, triton_available
-
-            if triton_available(device):
-                return fused_rejection_sample
-        except ImportError:
-            pass
-    return rejection_sample
 
 
 def sync(device: torch.device) -> None:
