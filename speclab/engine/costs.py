@@ -512,7 +512,7 @@ def time_draft_phases(drafter, rows, max_steps: int, context: int, reps: int, vo
 
     import torch
 
-    from ..drafters.base import DraftContext
+    from .drafting import DraftContext
 
     reduce = _reduce(stat)
     from .sampling import RowParams, SamplingParams
