@@ -202,6 +202,64 @@ def test_no_import_circles_lazy_imports_included():
         " <-> ".join(c) for c in circles)
 
 
+# Dependencies point down: app -> serve/load/analysis -> engine -> models. For each package, the packages it may never
+# import, lazily or not (a lazy import inside a function hides an upward tie, it does not make it right). The engine
+# owns the drafting contracts, so drafters plug into it from above; models sit below the engine (a model knows nothing
+# of decoding) and kernels below everything (tested apart: they import nothing of speclab).
+UPWARD = ("drafters", "serve", "load", "analysis", "app", "family", "cli", "nb", "viz")
+FORBIDDEN = {
+    "engine": set(UPWARD),
+    "models": {"engine"} | set(UPWARD),
+    "drafters": {"serve", "load", "analysis", "app", "cli", "nb", "viz"},
+    "family": {"analysis", "serve", "load", "app", "cli", "nb", "viz"},
+    "serve": {"analysis", "app", "cli", "nb", "viz"},
+    "load": {"serve", "analysis", "app", "cli", "nb", "viz"},
+    "events": {"engine", "models"} | set(UPWARD),
+    "metrics": {"engine", "models"} | set(UPWARD),
+}
+
+
+def _package(module: str) -> str:
+    """speclab.engine.round -> engine; speclab.errors -> errors."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _upward_imports(modules) -> list[tuple[str, int, str]]:
+    """(module, line, imported module) for each import that points up."""
+    return [(m, line, t) for m in sorted(modules) for line, t, _ in _imports(m)
+            if _package(t) in FORBIDDEN.get(_package(m), ())]
+
+
+def test_imports_point_down_between_packages():
+    bad = [f"{MODULES[m].relative_to(ROOT)}:{line}: {_package(m)} -> {t}" for m, line, t in _upward_imports(MODULES)]
+    assert not bad, "imports that point up (a lower package importing a higher one):\n" + "\n".join(bad)
+
+
+def test_the_direction_check_sees_a_lazy_upward_import(tmp_path, monkeypatch):
+    """A function-local import of a drafter from the engine is caught, as a top-level one is."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from ..drafters.base import StatelessDrafter\n    return StatelessDrafter\n")
+    monkeypatch.setitem(MODULES, "speclab.engine.planted", planted)
+    _tree.cache_clear()
+    try:
+        assert _upward_imports(["speclab.engine.planted"]) == [("speclab.engine.planted", 2, "speclab.drafters.base")]
+    finally:
+        _tree.cache_clear()
+
+
+def test_no_engine_function_is_longer_than_a_screen():
+    """The decode loop reads top to bottom: no function of the engine (or a kernel) over 80 lines."""
+    long = []
+    for m, path in MODULES.items():
+        if _package(m) not in ("engine", "kernels"):
+            continue
+        for node in ast.walk(_tree(m)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} ({node.end_lineno - node.lineno + 1})")
+    assert not long, "\n".join(long)
+
+
 def test_no_module_reaches_into_another_modules_private_names():
     bad = []
     for m in sorted(MODULES):
