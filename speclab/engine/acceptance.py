@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import FIXED_POINT_SCALE, fixed_point_weights, sample_from_probs, sample_from_weights
+from .sampling import FIXED_POINT_SCALE, fixed_point_weights, logits_to_probs, sample_from_probs, sample_from_weights
 
 RESIDUAL_EPS = 1e-9
 # the same threshold on a residual's fixed-point mass (its integer sum: exact, as the fused kernel takes it)
@@ -121,8 +121,6 @@ def accept_rows(
     for the sampled ones, results merged back in row order. Returns the result and the target's
     probabilities (the sampling distributions; temperature 1 for greedy rows), when sampled rows need
     them or ``want_probs``."""
-    from .sampling import logits_to_probs
-
     if params.all_greedy:
         res = greedy_accept(draft_tokens, target_logits.argmax(-1), num_draft)
         return res, (target_logits.float().softmax(-1) if want_probs else None)

@@ -1,6 +1,11 @@
 """Step costs measured online: how the target's forward time grows with rows x tokens, what a round's
 draft phase costs, and the per-round host work around the forwards. The scheduler feeds every round
-it times; policies read predictions (:meth:`OnlineCosts.round_time`).
+it times (:mod:`.cost_sampler`); policies read predictions (:meth:`OnlineCosts.round_time`).
+
+The cost of a round has one home, :func:`round_time`: a draft phase, one target forward over the verify block, and
+the host work around them. The live policies weigh with it, and so do the user-facing cost model
+(:mod:`speclab.analysis.costmodel`, over the roofline's or timed step costs) and the synthetic benchmark's
+prediction from a round's parts (:mod:`speclab.analysis.round_plan`).
 
 Tables, all in seconds:
 
@@ -47,6 +52,38 @@ import threading
 import time
 from bisect import bisect_left, insort
 from collections import deque
+
+import torch
+
+from .drafting import DraftContext
+from .sampling import RowParams, SamplingParams
+
+
+def round_time(costs, rows: int, k: int, *, verify_tokens: int | None = None, draft_steps: int | None = None,
+               overhead: float | None = None) -> float | None:
+    """Seconds of one round of ``rows`` rows drafting k tokens: ``draft_steps`` (default k) draft steps, one target
+    forward over ``verify_tokens`` (default k + 1; a tree verifies more) tokens per row, and ``overhead``, the host
+    work per round outside the forwards (default: what ``costs`` measured for such a round, else 0). k = 0 is a plain
+    decode step: one target forward of one token a row.
+
+    ``costs`` is any source of step costs with ``target_time(rows, tokens)`` and either ``draft_total(rows, steps)``
+    (a whole draft phase, as :class:`OnlineCosts` measures it) or ``draft_time(rows)`` (seconds per draft step, as
+    the roofline and timed forwards give it). None when a part is not known yet."""
+    steps = 0 if k == 0 else (k if draft_steps is None else draft_steps)
+    t = costs.target_time(rows, 1 if k == 0 else (verify_tokens or k + 1))
+    if steps == 0:
+        d = 0.0
+    elif hasattr(costs, "draft_total"):
+        d = costs.draft_total(rows, steps)
+    else:
+        d = steps * costs.draft_time(rows)
+    if t is None or d is None:
+        return None
+    if overhead is None:
+        measured = getattr(costs, "overhead_time", None)
+        overhead = measured(rows, k > 0) if measured is not None else 0.0
+    return d + t + overhead
+
 
 _CALIBRATIONS: dict[tuple, tuple[dict, dict, float]] = {}  # (models, grid) -> (target, draft per step, seconds)
 
@@ -357,12 +394,9 @@ class OnlineCosts:
 
     def round_time(self, n: int, k: int) -> float | None:
         """Expected seconds of a round of n rows drafting k tokens (k = 0: a plain decode step):
-        the draft phase of k steps + a target forward over k + 1 tokens + the per-round overhead."""
-        t = self.target_time(n, k + 1)
-        d = self.draft_total(n, k) if k > 0 else 0.0
-        if t is None or d is None:
-            return None
-        return d + t + self.overhead_time(n, k > 0)
+        the draft phase of k steps + a target forward over k + 1 tokens + the per-round overhead
+        (:func:`round_time`)."""
+        return round_time(self, n, k)
 
     def coverage(self, n: int) -> tuple[bool, bool, bool]:
         """(plain step, some verify width, draft) measured or calibrated at a row count within 2x of n:
@@ -466,8 +500,6 @@ def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = N
     2.3 ms against 1.9 ms for a forward of two tokens, where plain decoding took 1.8-1.9 ms a step and the scheduler
     timed its forward at 1.6 ms. ``plain_apart=False``: every width round-robin (``bench --synthetic``, whose cost
     model is validated with forwards timed that way)."""
-    import torch
-
     reduce = _reduce(stat)
     dev = lm.device
     V = min(lm.vocab_size, vocab or lm.vocab_size)
@@ -508,15 +540,7 @@ def time_draft_phases(drafter, rows, max_steps: int, context: int, reps: int, vo
     a rejection), half on two (after a round whose drafts were all accepted: the bonus token). Runs on a shallow copy
     of ``drafter`` (its own cache; the weights shared), so a drafter in use keeps its state. One warm-up pass, then
     ``reps`` passes round-robin. ``stat`` "min": the mean of the two catch-ups' fastest runs."""
-    import copy
-
-    import torch
-
-    from .drafting import DraftContext
-
     reduce = _reduce(stat)
-    from .sampling import RowParams, SamplingParams
-
     d = copy.copy(drafter)
     dev = drafter.lm.device
     out = {}

@@ -11,8 +11,8 @@ import time
 import torch
 
 from ..events import RoundEvent
-from .request import RUNNING, Request
 from .batch import sync
+from .request import RUNNING, Request
 from .rounds import prefill_round
 from .sampling import RowParams, logits_to_probs, sample_from_probs
 from .stopping import cut, finish

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 from ...errors import SpeclabError
 from ...limits import check_float, check_k
+from ..costs import ROBUST_REPS, ROBUST_STAT, calibration_clock, calibration_rows
 from .base import Fixed, Off, Policy
 from .goodput import Goodput
 from .rules import Confidence, Ema, Heuristic
@@ -25,10 +28,6 @@ def seed_costs(policy, costs, target, drafter, rows: int, context: int = 96) -> 
     read some widths 3.5x their time alone)."""
     if policy.name not in ADAPTIVE or policy.k_max == 0:
         return None
-    import torch
-
-    from ..costs import ROBUST_REPS, ROBUST_STAT, calibration_clock, calibration_rows
-
     return costs.calibrate(target, drafter, rows=calibration_rows(rows), tokens=tuple(range(1, policy.k_max + 2)),
                            context=context, reps=ROBUST_REPS, stat=ROBUST_STAT,
                            clock=calibration_clock(target.device, torch.get_num_threads()))

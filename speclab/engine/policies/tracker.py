@@ -55,7 +55,8 @@ class AcceptanceTracker:
     cost the policy weighs, tries it again. A row's estimate at i is
     (accepted + w * prior) / (reached + w), with w = ``prior_weight`` and prior, at i = 0, the population's
     estimate there and, deeper in, by ``position_prior`` (:func:`position_priors`): the population's estimate at i
-    (``"population"``, the default), the row's own estimate at i-1 (``"chain"``: acceptance i.i.d. along a draft), or the row's offset from the population carried in log-odds (``"logit"``).
+    (``"population"``, the default), the row's own estimate at i-1 (``"chain"``: acceptance i.i.d. along a
+    draft), or the row's offset from the population carried in log-odds (``"logit"``).
     Drafts are not i.i.d.: on JSON the first draft token is taken 0.69 of the time and every later one about 0.9
     once the ones before it were, so 'chain' started a new row at [0.69, 0.48, 0.33, 0.23] where the population
     read [0.69, 0.61, 0.55, 0.50] (``speclab bench --tracker-fit``: 'population' has the lower log-loss on JSON and
