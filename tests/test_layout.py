@@ -343,17 +343,21 @@ def test_only_the_apps_layout_imports_gradio():
     assert not bad, "Gradio imported outside speclab/app/ui/:\n" + "\n".join(bad)
 
 
-def test_the_repository_installs_and_holds_one_top_level_package():
-    """Only ``speclab`` is importable from the repository's root and installed: a top-level name of our own shadows a
-    PyPI package of that name, in the checkout and in site-packages. ``kernels`` is one: Hugging Face's kernel
-    library, which transformers imports. So the top-level ``kernels/`` folder has no ``__init__.py`` (a namespace
-    folder never stands in for an installed package, and transformers takes a namespace for no install) and
-    setup.py installs it as ``speclab.kernels``."""
-    packages = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())
-    assert packages == ["speclab"], packages
-    assert KERNELS.is_dir() and not (KERNELS / "__init__.py").exists()
+def test_no_top_level_folder_shadows_an_installed_package():
+    """A top-level package of ours shadows an installed package of that name whenever the checkout is on sys.path
+    (tests, scripts, notebooks run from it). ``kernels`` and ``datasets`` are Hugging Face's libraries, which
+    transformers imports: with a top-level ``kernels`` package of ours, every model load failed. So the top-level
+    ``kernels/`` and ``datasets/`` folders have no ``__init__.py`` (a namespace folder never stands in for an installed
+    package, and transformers takes a namespace for no install), and setup.py installs them inside the package."""
+    import importlib.metadata
+
+    ours = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())
+    installed = importlib.metadata.packages_distributions()
+    assert "speclab" in ours and not [n for n in ours if n != "speclab" and n in installed], ours
+    for folder in ("kernels", "datasets"):
+        assert (ROOT / folder).is_dir() and not (ROOT / folder / "__init__.py").exists(), folder
     setup = (ROOT / "setup.py").read_text()
-    assert '"speclab.kernels"]' in setup and '"speclab.kernels": "kernels"}' in setup
+    assert '"speclab.kernels"]' in setup and '"speclab.kernels": "kernels"' in setup
     assert "[tool.setuptools.packages" not in (ROOT / "pyproject.toml").read_text()  # it would override setup.py's
 
 
