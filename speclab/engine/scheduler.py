@@ -28,17 +28,18 @@ from ..limits import check_context
 from ..models import check_draft_context
 from ..models.cuda_graphs import graphed, use_cuda_graphs
 from .acceptance import rejection_impl, tree_rejection_sample
-from .batch import Batch, sync
+from .batch import Batch
 from .cost_sampler import COST_STRIDE, COST_WARM, CostSampler
 from .costs import OnlineCosts
 from .policies import Off
-from .prefill import PREFILL_PAD_BUDGET, Prefill, admit_runs, prefill_groups
+from .prefill import Prefill
 from .request import WAITING, Request
 from .round import Round
 from .stopping import finish
 
-__all__ = ["COST_STRIDE", "COST_WARM", "PREFILL_PAD_BUDGET", "QueueFull", "Scheduler", "admit_runs",
-           "prefill_groups", "rejection_impl", "sync", "tree_rejection_sample"]
+# named here too: the acceptance rules a scheduler takes at construction (tests put a wrong rule in their place) and
+# the cost sampler's stride
+__all__ = ["COST_STRIDE", "COST_WARM", "QueueFull", "Scheduler", "rejection_impl", "tree_rejection_sample"]
 
 _run_ids = itertools.count(1)
 
