@@ -307,8 +307,8 @@ def tie_gap(b: int, tok_a: int, tok_b: int, drafts, dp, tp, nd, ref, un) -> floa
 
 def sec_kernel(part: Part, args, sz: Sizes) -> None:
     torch = _torch()
-    from speclab.engine.acceptance import rejection_sample
-    from speclab.kernels.rejection import fused_rejection_sample, triton_available
+    from speclab.engine.acceptance import fused_rejection_sample, rejection_sample
+    from speclab.kernels.rejection import triton_available
 
     dev = sz.device
     if not triton_available(dev):
