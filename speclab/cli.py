@@ -178,7 +178,7 @@ def _terminated(signum, frame) -> None:
 
 def exit_cleanly_on_sigterm() -> None:
     """SIGTERM's default ends the process at once, running no ``finally`` clause: the servers a benchmark or
-    ``speclab load`` started, each in its own session, would be left running. Raised as :class:`Terminated` in the
+    ``speclab load`` started, each in its own process group, would be left running. Raised as :class:`Terminated` in the
     main thread instead, it unwinds the ``with`` blocks that stop them. Only where SIGTERM still has its default
     (a host that handles it keeps its handler; ``speclab serve``'s uvicorn installs its own while it serves)."""
     import signal

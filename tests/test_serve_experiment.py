@@ -1,4 +1,4 @@
-"""The seed experiment (``speclab bench --serve-experiment``, issue 13): its judging by hand, a tiny real run
+"""The seed experiment (``speclab bench --serve-experiment``): its judging by hand, a tiny real run
 against ``speclab serve`` (plain and fixed k, two levels, one workload), and a run against real vLLM's
 adaptive form (its batch-size table) when the vLLM venv is present."""
 
@@ -282,7 +282,7 @@ def test_tiny_experiment_on_speclab_serve(tmp_path, capsys):
     want = {"speclab plain": "plain", "speclab plain (control)": "plain", "speclab fixed k=4": "speculative",
             "speclab fixed k=4 split": "speculative"}
     # pacing read from a client sharing a busy 2-core machine: one rerun before a misread fails. Six requests a cell:
-    # with four, a plain level at 4 streams read "unknown" in both attempts of a CI run (session 39; a starved
+    # with four, a plain level at 4 streams read "unknown" in both attempts of a CI run (a starved
     # client's bunched stamps put 8% of its gaps near zero, with too few bursts to tell late delivery)
     for _ in range(2):
         rc = main(["bench", "--serve-experiment", "--no-vllm", "--policy-list", "none", "--workload", "json",

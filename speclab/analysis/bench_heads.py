@@ -166,7 +166,7 @@ def _row(rows, method, w):
 
 
 def targets(rows: list[dict], workloads: list[str], k: int, budget: int) -> dict:
-    """Issue 15's targets, computed from the rows."""
+    """The heads benchmark's targets, computed from the rows."""
     t: dict = {}
     eagle = f"eagle k={k}"
     for w in ("json", "code"):

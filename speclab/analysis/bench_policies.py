@@ -20,7 +20,7 @@ is timed (``OnlineCosts.calibrate``; its seconds are reported, not counted), and
 a server would: each adaptive configuration from a copy of its own (a stop rule's draft phases must not move
 goodput's predictions). One policy object per (cell, configuration), kept over the repetitions (a server keeps its
 policy and what it learnt about the traffic). Every output is checked token-identical to plain greedy decoding.
-Targets (issue 12): goodput >= 0.95x the best fixed k in hindsight (k = 0 included) in every cell; on the mixed
+Targets: goodput >= 0.95x the best fixed k in hindsight (k = 0 included) in every cell; on the mixed
 stream goodput beats every single fixed k over the load levels (geometric mean of the speedups); no adaptive policy
 below 0.97x plain in any cell.
 """
@@ -225,7 +225,7 @@ def run_oracle(target, draft_name, results: list[dict], fixed: list[tuple[str, i
 def paired_ratios(tps: list[float], plain: list[float]) -> list[float]:
     """Each repetition's throughput over plain decoding's in the same repetition: the quantity a lockstep run keeps
     tight (its configurations step a few milliseconds apart, so each repetition's ratio sees one speed of the
-    machine). A cell's speedup is their median. The ratio of the two medians (until session 34) pairs a
+    machine). A cell's speedup is their median. The ratio of the two medians instead would pair a
     configuration's median repetition with plain's, often another repetition on a machine whose speed drifts by tens
     of percent between them. e.g. plain [100, 50, 90], a policy [105, 60, 80]: ratios [1.05, 1.2, 0.889], median
     1.05; the ratio of the medians, 80 / 90 = 0.889, is the third repetition's alone."""

@@ -25,11 +25,11 @@ def add_arguments(b) -> None:
     --batches (batch sizes), --ks (fixed k values; the largest is the adaptive policies' K; --synthetic:
     its k values), --reps, --draft, --workload, --prompts-per-workload, --max-new-tokens."""
     b.add_argument("--policies", action="store_true",
-                   help="every draft-length policy vs plain decoding, per workload, mixed stream and load (issue 12); "
+                   help="every draft-length policy vs plain decoding, per workload, mixed stream and load; "
                         "quick grid unless --full: workloads json,code and their mix, batches 1,4,16,64, k 1,2,4, "
                         "4 requests, at most 32 new tokens, 3 repetitions")
     b.add_argument("--synthetic", action="store_true",
-                   help="the (alpha, k, batch) landscape with the synthetic drafter vs the cost model (issue 12)")
+                   help="the (alpha, k, batch) landscape with the synthetic drafter vs the cost model")
     b.add_argument("--policy-list", default=None,
                    help="--policies: policies to run besides plain and fixed k (default: every one; 'none': none)")
     b.add_argument("--oracle", action="store_true",

@@ -78,7 +78,7 @@ def cmd_bench(args) -> int:
 
 
 def add_compare_arguments(p) -> None:
-    p.add_argument("--compare", action="store_true", help="speclab vs Hugging Face side by side (issue 6)")
+    p.add_argument("--compare", action="store_true", help="speclab vs Hugging Face side by side")
     p.add_argument("--draft", default=None, help="draft model for --compare (default: the family's best draft)")
     p.add_argument("--ks", default=None, help="k values for --compare (default 2,4; --full 2,4,6)")
     p.add_argument("--batches", default=None, help="batch sizes for the --compare batch sweep (default 1,4,16; "
@@ -94,7 +94,7 @@ def add_compare_arguments(p) -> None:
 
 
 def add_heads_arguments(p) -> None:
-    p.add_argument("--heads", action="store_true", help="self-drafting heads, early exit and trees (issue 15)")
+    p.add_argument("--heads", action="store_true", help="self-drafting heads, early exit and trees")
     p.add_argument("--budget", type=int, default=8, help="--heads: verification budget of the tree-vs-chain pairs")
     p.add_argument("--exits", action="store_true", help="--heads: early exit at every m (chooses the default m)")
     p.add_argument("--eagle-ks", default="4,6", help="--heads: the EAGLE chain's k values (besides the budget)")

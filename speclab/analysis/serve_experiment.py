@@ -1,4 +1,4 @@
-"""``speclab bench --serve-experiment``: the seed experiment of issue 13, end to end.
+"""``speclab bench --serve-experiment``: the serving experiment, end to end.
 
 Servers (each started fresh, one torch thread each):
 
@@ -194,7 +194,7 @@ def measure(url: str, cfg: ServerConfig, workload: str, c: int, spec: Experiment
 
 def _start_all(starters: dict) -> dict:
     """Start servers in parallel ({name: zero-argument callable}); on any failure, or an interrupt while they
-    start, stop the ones that came up (each runs in its own session: nothing else would end them)."""
+    start, stop the ones that came up (each runs in its own process group: nothing else would end them)."""
     pool = ThreadPoolExecutor(max(1, len(starters)))
     futures = {name: pool.submit(f) for name, f in starters.items()}
     try:
@@ -441,7 +441,7 @@ def add_arguments(b) -> None:
     --max-new-tokens, --draft, --k, --target, --policy-list, --vllm-venv, --seed, --threads, --json, --charts,
     --full, --quiet)."""
     b.add_argument("--serve-experiment", action="store_true",
-                   help="the seed experiment (issue 13): speclab serve plain, fixed k and the adaptive policies (and "
+                   help="the serving experiment: speclab serve plain, fixed k and the adaptive policies (and "
                         "vLLM when its venv is present) under speclab load at rising concurrency on json, code and "
                         "tech_prose; pacing verdicts, crossover and checks (about 10 minutes; --full: more)")
     b.add_argument("--batch-table", default=None, metavar="TABLE",
