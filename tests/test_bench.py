@@ -1,4 +1,4 @@
-"""`speclab bench --compare` end to end on the shipped family, tiny settings: the JSON has the fields
+"""`speclab bench compare` end to end on the shipped family, tiny settings: the JSON has the fields
 the README documents, every output is identical to HF generate, and the targets are computed."""
 
 import json
@@ -14,9 +14,9 @@ def test_compare_smoke(tmp_path, capsys):
     from speclab.cli import main
 
     out = tmp_path / "compare.json"
-    rc = main(["bench", "--compare", "--draft", "draft-xs", "--workload", "json,code", "--prompts-per-workload", "1",
-               "--reps", "1", "--ks", "2", "--batches", "1,2", "--max-new-tokens", "8", "--threads", "1",
-               "--json", str(out), "--quiet"])
+    rc = main(["bench", "compare", "--draft", "draft-xs", "--workload", "json,code", "--prompts-per-workload", "1",
+               "--reps", "1", "--k", "2", "--batches", "1,2", "--max-new-tokens", "8", "--threads", "1",
+               "--out", str(tmp_path), "--quiet"])
     assert rc == 0
     rep = json.loads(out.read_text())
     assert {"rows", "efficiency", "crossover_batch", "batch", "targets"} <= set(rep)
@@ -36,7 +36,7 @@ def test_compare_smoke(tmp_path, capsys):
 
 
 def test_compare_grid_defaults():
-    """A bare `speclab bench --compare` runs the compact grid (about 3 minutes); --full the whole one; what the
+    """A bare `speclab bench compare` runs the compact grid (about 3 minutes); --full the whole one; what the
     user gives always wins."""
     import argparse
 

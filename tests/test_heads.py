@@ -224,9 +224,9 @@ def test_bench_heads_smoke(tiny, tmp_path, capsys):
     from speclab.cli import main
 
     out = tmp_path / "heads.json"
-    rc = main(["bench", "--heads", "--target", tiny["target"], "--workload", "json",  # default prompts and reps
+    rc = main(["bench", "heads", "--target", tiny["target"], "--workload", "json",  # default prompts and reps
                "--max-new-tokens", "6", "--budget", "3", "--k", "2", "--threads", "1", "--quiet",
-               "--json", str(out)])
+               "--out", str(tmp_path)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "ngram tree 3" in printed and "all_identical" in printed

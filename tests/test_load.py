@@ -1023,9 +1023,9 @@ def test_bench_serve_small(tmp_path, capsys):
 
     if resolve(DEFAULT_TARGET) is None:
         pytest.skip("family weights not present")
-    out = tmp_path / "bench.json"
-    rc = main(["bench", "--serve", "--workload", "json", "--concurrency", "1,2", "--requests", "3",
-               "--max-new-tokens", "16", "--reps", "2", "--quiet", "--json", str(out)])
+    out = tmp_path / "serve.json"
+    rc = main(["bench", "serve", "--workload", "json", "--concurrency", "1,2", "--requests", "3",
+               "--max-new-tokens", "16", "--reps", "2", "--quiet", "--out", str(tmp_path)])
     assert rc == 0
     res = _json.loads(out.read_text())
     assert res["reps"] == 2
@@ -1098,7 +1098,7 @@ def test_sigterm_to_a_benchmark_stops_the_servers_it_started():
     import subprocess
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "speclab", "bench", "--serve", "--workload", "json",
+    proc = subprocess.Popen([sys.executable, "-m", "speclab", "bench", "serve", "--workload", "json",
                              "--concurrency", "1", "--requests", "3", "--max-new-tokens", "8", "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))

@@ -1576,9 +1576,9 @@ def test_bench_policies_smoke(tmp_path, capsys):
     from speclab.cli import main
 
     out = tmp_path / "policies.json"
-    rc = main(["bench", "--policies", "--workload", "json,code", "--batches", "1,2", "--ks", "1,2",
+    rc = main(["bench", "policies", "--workload", "json,code", "--batches", "1,2", "--k", "1,2",
                "--prompts-per-workload", "1", "--reps", "2", "--max-new-tokens", "6", "--threads", "1",
-               "--control", "--oracle", "--json", str(out), "--quiet"])
+               "--control", "--out", str(tmp_path), "--quiet"])
     assert rc == 0
     rep = json.loads(out.read_text())
     # --oracle: the mixed levels again, every fixed configuration beside the kind oracle, outputs exact

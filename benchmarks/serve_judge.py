@@ -45,7 +45,7 @@ import itertools
 import re
 import statistics
 
-from ..load.fingerprint import verdict_of_calls
+from speclab.load.fingerprint import verdict_of_calls
 
 SPEC_ON = 0.25
 SPEC_OFF = 0.03

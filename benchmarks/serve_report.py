@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tables import num
-from .serve_judge import did_letter
+from speclab.tables import num
+from benchmarks.serve_judge import did_letter
 
 LETTER = {"bursty": "B", "smooth": "S", "late": "L", "unknown": "?"}
 
@@ -185,7 +185,7 @@ def format_report(result: dict) -> str:
 
 def load_charts(result: dict, engine: str = "speclab", workload: str | None = None):
     """Throughput and p95 TPOT against concurrency, one line per server (split-token runs left out)."""
-    from ..load.charts import load_chart
+    from speclab.load.charts import load_chart
 
     wl = workload or result["settings"]["workloads"][0]
     rows = [{"value": c["concurrency"], "server": c["server"], "tok_s": c["tok_s"], "tpot_p95_ms": c["tpot_p95_ms"],
@@ -204,7 +204,7 @@ def pacing_charts(result: dict, engine: str = "speclab", workload: str | None = 
     """Per server, one request's tokens against time at the lowest and the highest load, side by side."""
     import altair as alt
 
-    from ..load.charts import pacing_strip
+    from speclab.load.charts import pacing_strip
 
     wl = workload or result["settings"]["workloads"][0]
     rows = []
