@@ -265,24 +265,37 @@ def test_ragged_batch_time_by_hand():
 
 @pytest.mark.slow
 def test_advise_from_a_real_load_result_with_no_other_flag(tmp_path, capsys):
-    """`speclab load --json` against a real `speclab serve` (the family's default draft, on a free port), then
-    `speclab advise --from` that file alone: the load run carries acceptance and latencies but no step costs, so the
-    advisor times them here and says so in one line."""
+    """`speclab load --json` against two real `speclab serve` processes on free ports (the family's default draft,
+    and plain decoding), then `speclab advise --from` each file alone. The speculative run carries acceptance and
+    latencies but no step costs: the advisor times them here and says so in one line. The plain run carries no
+    acceptance: one line that names the flag which supplies it."""
     pytest.importorskip("fastapi")
+    from concurrent.futures import ThreadPoolExecutor
+
     from speclab.family import DEFAULT_TARGET, resolve
     from speclab.load.servers import speclab_serve
 
     if resolve(DEFAULT_TARGET) is None:
         pytest.skip("family weights not present")
-    out = tmp_path / "load.json"
-    with speclab_serve(threads=1) as server:
-        code, _, err = run(["load", server.url, "--workload", "json", "--num-requests", "4", "--max-tokens", "24",
-                            "--quiet", "--json", str(out)], capsys)
-    assert code == 0, err
-    code, printed, err = run(["advise", "--from", str(out)], capsys)
+    with ThreadPoolExecutor(2) as pool:
+        starting = [pool.submit(speclab_serve, threads=1),
+                    pool.submit(speclab_serve, speculative_config="none", threads=1)]
+    servers = [f.result() for f in starting if f.exception() is None]  # every one that came up is stopped below
+    try:
+        for f in starting:
+            f.result()  # a server that failed to start fails the test here
+        for server, name in zip(servers, ("spec", "plain")):
+            code, _, err = run(["load", server.url, "--workload", "json", "--num-requests", "4", "--max-tokens",
+                                "24", "--quiet", "--json", str(tmp_path / f"{name}.json")], capsys)
+            assert code == 0, err
+    finally:
+        for s in servers:
+            s.stop()
+    code, printed, err = run(["advise", "--from", str(tmp_path / "spec.json"), "--out", str(tmp_path)], capsys)
     assert code == 0, err
     assert "step costs: the result has none, so they were timed on this machine" in printed
-    assert "(served)" in printed and "scraped" in printed
-    code, printed, err = run(["advise", "--from", str(out), "--out", str(tmp_path)], capsys)
+    assert "(served)" in printed and "scraped" in printed and "speclab serve --model target" in printed
     advice = json.loads((tmp_path / "advice.json").read_text())
-    assert code == 0 and [v["workload"] for v in advice["verdicts"]] == ["served"]
+    assert [v["workload"] for v in advice["verdicts"]] == ["served"]
+    code, printed, err = run(["advise", "--from", str(tmp_path / "plain.json")], capsys)
+    assert code == 2 and err.count("\n") == 1 and "hold no acceptance" in err and "--acceptance NAME:RATE" in err

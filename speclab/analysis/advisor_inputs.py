@@ -218,10 +218,14 @@ def _from_bench_heads(d: dict, inp: Inputs) -> None:
 def measure_step_costs(inp: Inputs, target: str | None, k_max: int, log=print) -> MeasuredCosts:
     """The step costs a result did not carry, timed here on the model it names (a family model or a local
     directory) or on the family's target, with its draft (the result's, else the family's default): target forwards
-    at 1..64 rows and 1..k_max+1 tokens, one draft step per row count, interleaved. Says so in one line; a result from
-    a model this machine cannot load offline is refused in one line naming the flag that models it instead."""
+    at a few row counts up to twice the expected concurrency and 1..k_max+1 tokens, one draft step per row count,
+    interleaved, on one thread by this process's CPU time (other work on the machine does not inflate it). Says so in
+    one line; a result from a model this machine cannot load offline is refused in one line naming the flag that
+    models it instead."""
     import time
     from pathlib import Path
+
+    import torch
 
     from ..defaults import default_draft, default_target
     from ..family import resolve
@@ -236,10 +240,17 @@ def measure_step_costs(inp: Inputs, target: str | None, k_max: int, log=print) -
     tgt = cached_model(name, device="cpu", role="target")
     draft = inp.draft if inp.draft not in (None, "", "DRAFT") else default_draft()
     drafter = new_drafter(draft, tgt)
-    rows = (1, 2, 4, 8, 16, 32, 64)
-    tokens = sorted({1, 2, 3, 5, int(k_max) + 1})
-    costs = MeasuredCosts.measure(tgt, getattr(drafter, "lm", None), rows=rows, tokens=tokens, reps=3)
-    costs.source = f"timed here on {tgt.name} with draft {draft}"
+    top = min(64, max(4, 2 * (inp.concurrency or 1)))
+    rows = sorted({1, top} | {r for r in (4, 16) if r < top})  # interpolated between, extrapolated past the top
+    tokens = sorted({1, 3, int(k_max) + 1})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        costs = MeasuredCosts.measure(tgt, getattr(drafter, "lm", None), rows=rows, tokens=tokens, reps=5,
+                                      clock=time.process_time)
+    finally:
+        torch.set_num_threads(threads)
+    costs.source = "timed on this machine"
     inp.draft = inp.draft or draft
     log(f"step costs: the result has none, so they were timed on this machine ({tgt.name}, draft {draft}, "
         f"{time.perf_counter() - t0:.0f} s); for other hardware use `speclab advise what-if --hardware PRESET`")
