@@ -51,16 +51,16 @@ def test_compare_grid_defaults():
 
 
 def test_layouts_smoke(tmp_path, capsys):
-    """`bench --layouts`: the target (21 MB of weights) is kept in both layouts and timed both ways, the draft in
+    """`python benchmarks/layouts.py`: the target (21 MB of weights) is kept in both layouts and timed both ways, the draft in
     one; generate with the engine's choice gives the same tokens as with W^T everywhere."""
     if not {"target", "draft-xs-distill"} <= {m["name"] for m in list_models()}:
         pytest.skip("family not trained")
-    from speclab.cli import main
+    from benchmarks.layouts import main
     from speclab.models.native_llama import FEW_ROWS
 
     out = tmp_path / "layouts.json"
-    rc = main(["bench", "--layouts", "--draft", "draft-xs-distill", "--reps", "3", "--batches", "1,2", "--ks", "0,2",
-               "--max-new-tokens", "8", "--threads", "1", "--json", str(out)])
+    rc = main(["--draft", "draft-xs-distill", "--reps", "3", "--batches", "1,2", "--k", "0,2", "--max-new-tokens", "8",
+               "--threads", "1", "--out", str(tmp_path)])
     assert rc == 0
     rep = json.loads(out.read_text())
     assert rep["few_rows"] == list(FEW_ROWS)
