@@ -38,7 +38,7 @@ from speclab.errors import SpeclabError
 from speclab.tables import num
 from speclab.analysis.costmodel import MeasuredCosts, interleaved_times
 
-TOLERANCE = 0.20  # the target: predictions within 20% of the measured speedups
+TOLERANCE = 0.20  # the target: predictions within 20% of the measured speedups
 
 
 def _run(dec, group, k: int, n: int, kw: dict, clock) -> tuple[float, list[dict]]:

@@ -1,6 +1,5 @@
-"""The seed experiment's result as text and Altair charts (``speclab bench --serve-experiment`` and
-notebook 06). Everything here reads the result dict of :func:`speclab.analysis.serve_experiment.
-run_experiment`; charts are built on :mod:`speclab.load.charts`."""
+"""The serving experiment's result as text and Altair charts (``python benchmarks/serve_experiment.py`` and
+notebook 06). Everything here reads the result dict of :func:`benchmarks.serve_experiment.run_experiment`; charts are built on :mod:`speclab.load.charts`."""
 
 from __future__ import annotations
 

@@ -233,7 +233,7 @@ def test_roofline_deployment_object():
 
 
 def test_docs_table_matches_the_validation():
-    """docs/advisor.md's validation table is the one `speclab advise --validate` computes."""
+    """docs/advisor.md's validation table is the one `speclab advise validate` computes."""
     from pathlib import Path
 
     from speclab.analysis.published import format_value, validate

@@ -217,7 +217,7 @@ def test_head_chain_samples_follow_target_distribution(target_lm, random_heads, 
 
 
 def test_bench_heads_smoke(tiny, tmp_path, capsys):
-    """`speclab bench --heads` end to end on the tiny target (heads trained on other weights are left out):
+    """`speclab bench heads` end to end on the tiny target (heads trained on other weights are left out):
     a table, the targets, a JSON report with every method identical to plain decoding."""
     import json
 

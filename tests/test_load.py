@@ -366,7 +366,7 @@ def test_late_delivery_of_plain_steps_reads_as_plain():
 def test_a_few_late_bursts_of_a_plain_server_are_not_speculation():
     """Too few bursts for the pace statistics: a plain server whose streaming side stalled once (6 one-token chunks
     together after 6 steps) and twice more (pairs after 2 steps), two requests, 23 gaps: 30% of them near zero, which
-    read bursty (a CI run of ``bench --serve``). Each of those tokens waited about a step: late delivery, so unknown.
+    read bursty (a CI run of ``bench serve``). Each of those tokens waited about a step: late delivery, so unknown.
     The same few bursts after a single step's wait are speculation's: bursty."""
     def level(late: bool):
         traces = []
@@ -615,7 +615,7 @@ def test_scrape_prefix_cache_counters_over_a_window():
     assert scrape.window(scrape.parse(text(5, 0)), scrape.parse(text(5, 0)))["prefix_cache"]["hit_rate"] is None
 
 
-# ---------------------------------------------------------------- bench --serve: pure parts
+# ---------------------------------------------------------------- bench serve: pure parts
 
 
 def test_bench_serve_crossover_saturation_identity():
@@ -1090,7 +1090,7 @@ def descendants(pid: int) -> list[int]:
 
 @pytest.mark.slow
 def test_sigterm_to_a_benchmark_stops_the_servers_it_started():
-    """`speclab bench --serve` starts its servers in their own sessions: a SIGTERM to the benchmark (SIGTERM's
+    """`speclab bench serve` starts its servers in their own sessions: a SIGTERM to the benchmark (SIGTERM's
     default runs no clean-up) once left them running, calibrating, with nobody to stop them. Now it unwinds: exit
     status 143, one line, and every process it started is gone."""
     import os

@@ -1,6 +1,6 @@
 """Draft-length policies: each rule against hand-built histories and hand-built cost tables, the cost
 table's interpolation and calibration, exactness with every policy (greedy identity, the sampled
-distribution), the sweep's policy dimension and `speclab bench --policies` end to end."""
+distribution), the sweep's policy dimension and `speclab bench policies` end to end."""
 
 from __future__ import annotations
 
@@ -997,7 +997,7 @@ def test_time_shapes_times_plain_steps_one_after_another():
     per_rows = [8, 1, 1, 1, 2, 3, 2, 3, 2, 3]  # the context's prefill, 1 x (reps + 1), then the rest round-robin
     assert calls == per_rows * 2
     calls.clear()
-    time_shapes(LM(), (1,), (1, 2, 3), context=8, reps=2, plain_apart=False)  # bench --synthetic's way
+    time_shapes(LM(), (1,), (1, 2, 3), context=8, reps=2, plain_apart=False)  # bench synthetic's way
     assert calls == [8, 1, 2, 3, 1, 2, 3, 1, 2, 3]
 
 

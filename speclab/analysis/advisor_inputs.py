@@ -69,7 +69,7 @@ def _from_compare(d: dict, inp: Inputs) -> None:
     sc = eff.get("step_costs") or {}
     if sc:
         first = next(iter(sc.values()))
-        inp.costs = MeasuredCosts.from_step_costs(first, rows=1, source="measured (speclab bench --compare)")
+        inp.costs = MeasuredCosts.from_step_costs(first, rows=1, source="measured (speclab bench compare)")
     batch = d.get("batch") or []
     if batch:
         wl = batch[0].get("workload")
@@ -78,7 +78,7 @@ def _from_compare(d: dict, inp: Inputs) -> None:
                 w.measured_crossover, w.crossover_measured = d.get("crossover_batch"), True
     inp.draft, inp.target = d.get("draft"), d.get("target")
     inp.tokenizer_match, inp.tokenizer_source = True, "measured"
-    inp.notes.append(f"acceptance and batch-1 step costs: speclab bench --compare (draft {d.get('draft')})")
+    inp.notes.append(f"acceptance and batch-1 step costs: speclab bench compare (draft {d.get('draft')})")
 
 
 def _from_sweep(rows: list[dict], inp: Inputs, draft: str | None, concurrency: int | None) -> None:

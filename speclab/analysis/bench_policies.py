@@ -191,7 +191,7 @@ def paired_ratios(tps: list[float], plain: list[float]) -> list[float]:
 
 
 def policy_targets(rep: dict) -> dict:
-    """The issue's targets, computed from the rows (pure: tested on a hand-built report)."""
+    """The benchmark's targets, computed from the rows (pure: tested on a hand-built report)."""
     rows = rep["rows"]
     by = {(r["workload"], r["batch"], r["config"]): r for r in rows}
     fixed = [r["config"] for r in rows if r["policy"] in ("fixed", "off")]

@@ -464,7 +464,7 @@ def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = N
     other layout of the weights (see ``FEW_ROWS`` in ``speclab.models.native_llama``), so a step timed right after a
     wider forward runs with those weights cold. Timed round-robin with the verify widths, one row's plain step read
     2.3 ms against 1.9 ms for a forward of two tokens, where plain decoding took 1.8-1.9 ms a step and the scheduler
-    timed its forward at 1.6 ms. ``plain_apart=False``: every width round-robin (``bench --synthetic``, whose cost
+    timed its forward at 1.6 ms. ``plain_apart=False``: every width round-robin (``speclab bench synthetic``, whose cost
     model is validated with forwards timed that way)."""
     import torch
 

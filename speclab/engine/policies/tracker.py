@@ -59,11 +59,11 @@ class AcceptanceTracker:
     the default until 2026-12-02), or the row's offset from the population carried in log-odds (``"logit"``).
     Drafts are not i.i.d.: on JSON the first draft token is taken 0.69 of the time and every later one about 0.9
     once the ones before it were, so 'chain' started a new row at [0.69, 0.48, 0.33, 0.23] where the population
-    read [0.69, 0.61, 0.55, 0.50] (``speclab bench --tracker-fit``: 'population' has the lower log-loss on JSON and
+    read [0.69, 0.61, 0.55, 0.50] (``python benchmarks/tracker_fit.py``: 'population' has the lower log-loss on JSON and
     code at k >= 2, and over all). The population's own prior at position 0 is ``default``, deeper in its estimate
     before. ``survival(row)`` = cumulative products: P(at least i+1 drafts accepted).
 
-    The defaults (decay 0.95, prior weight 4) come from ``speclab bench --tracker-fit``: replaying fixed-k
+    The defaults (decay 0.95, prior weight 4) come from ``python benchmarks/tracker_fit.py``: replaying fixed-k
     histories of JSON, code and prose through the tracker, they predict acceptance with 1.6% less log-loss
     than the earlier 0.9 / 2, which followed a row so closely that one miss halved its estimate (a
     setting that forgets more slowly still, 0.98 / 8, is 0.4% better again, within the grid's flat bottom).
