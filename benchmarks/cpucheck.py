@@ -34,9 +34,9 @@ import statistics
 import time
 from pathlib import Path
 
+from speclab.analysis.costmodel import MeasuredCosts, interleaved_times
 from speclab.errors import SpeclabError
 from speclab.tables import num
-from speclab.analysis.costmodel import MeasuredCosts, interleaved_times
 
 TOLERANCE = 0.20  # the target: predictions within 20% of the measured speedups
 
@@ -166,14 +166,14 @@ def check_cpu(target: str | None = None, draft: str | None = None, workloads="al
     synthetic drafter (a draft step of exactly ``cost`` x the target step: a check of the cost side)."""
     import torch
 
+    from speclab.analysis.costmodel import tokens_per_round
+    from speclab.analysis.roofline import ModelShape, RooflineCosts, fit_overhead, hardware
+    from speclab.analysis.sweep import cached_model, new_drafter
     from speclab.defaults import default_draft, default_target
     from speclab.drafters import make_drafter
     from speclab.engine import SpeculativeDecoder
     from speclab.limits import check_batch, check_k, check_max_new_tokens
     from speclab.workloads import load_workload, workload_names
-    from speclab.analysis.costmodel import tokens_per_round
-    from speclab.analysis.roofline import ModelShape, RooflineCosts, fit_overhead, hardware
-    from speclab.analysis.sweep import cached_model, new_drafter
 
     log = log or (lambda *a: None)
     k = check_k(k)

@@ -111,11 +111,11 @@ def end_to_end(target, drafter, prompts: list[str], batches, ks, reps: int, max_
 
 
 def run_layouts_bench(args) -> int:
+    from speclab.analysis.sweep import cached_model
     from speclab.defaults import default_draft, default_target, setup_threads
     from speclab.drafters import make_drafter
     from speclab.models import load_model, native_llama
     from speclab.workloads import load_workload
-    from speclab.analysis.sweep import cached_model
 
     target = load_model(args.target or default_target(), device="cpu", role="target")
     setup_threads(args.threads, target)

@@ -69,9 +69,9 @@ def run_oracle(target, draft_name, results: list[dict], fixed: list[tuple[str, i
     the queue's kinds, the levels, repetitions, seed, clock, the calibrated cost table, the logger and the greedy
     references). Returns one row per level: the oracle's ks, every configuration's speedup (median of the
     repetitions' paired ratios), its repetitions' ratios, and whether every output matched plain greedy decoding."""
+    from speclab.analysis.sweep import cached_model
     from speclab.drafters import make_drafter
     from speclab.engine import make_policy
-    from speclab.analysis.sweep import cached_model
 
     by = {(r["workload"], r["batch"], r["config"]): r for r in results}
     labels = [label for label, _ in fixed]

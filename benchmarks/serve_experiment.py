@@ -39,9 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from benchmarks import serve_judge as judge
 from speclab.errors import SpeclabError
 from speclab.load.shapes import Budgets
-from benchmarks import serve_judge as judge
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 FULL_LEVELS = (1, 2, 4, 8, 16, 32, 64)

@@ -1,12 +1,13 @@
 """The serving experiment's result as text and Altair charts (``python benchmarks/serve_experiment.py`` and
-notebook 06). Everything here reads the result dict of :func:`benchmarks.serve_experiment.run_experiment`; charts are built on :mod:`speclab.load.charts`."""
+notebook 06). Everything here reads the result dict of :func:`benchmarks.serve_experiment.run_experiment`; charts
+are built on :mod:`speclab.load.charts`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from speclab.tables import num
 from benchmarks.serve_judge import did_letter
+from speclab.tables import num
 
 LETTER = {"bursty": "B", "smooth": "S", "late": "L", "unknown": "?"}
 

@@ -85,11 +85,11 @@ def fit_table(histories: dict[str, list], k_max: int, concurrency: int = CONCURR
 def record_histories(target, drafter_name: str, workloads: list[str], ks: list[int], concurrency: int,
                      max_new_tokens: int, prompts: int | None = None) -> dict[str, list]:
     """(drafted, accepted) per round of every request, greedy, fixed k, per 'workload:k'."""
+    from speclab.analysis.bench_runs import at_concurrency
+    from speclab.analysis.sweep import cached_model
     from speclab.drafters import make_drafter
     from speclab.engine import make_policy
     from speclab.workloads import load_workload
-    from speclab.analysis.bench_runs import at_concurrency
-    from speclab.analysis.sweep import cached_model
 
     out = {}
     for wl in workloads:

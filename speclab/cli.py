@@ -189,9 +189,8 @@ def exit_cleanly_on_sigterm() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .defaults import default_draft, default_target
-
     from .analysis.flags import old_spelling
+    from .defaults import default_draft, default_target
 
     moved = old_spelling(sys.argv[1:] if argv is None else list(argv))
     if moved:  # an old command line fails here, naming its new form, instead of running something else

@@ -31,8 +31,8 @@ def verdicts(folder):
 
 def test_prefill_dominated_workload_is_not_enabled(tmp_path, capsys):
     # TTFT 1500 ms against 19 x 8 ms of decode: decode is 152 / 1652 = 9% of a request
-    code, out, err = run(["advise", "what-if", *H100_8B, "--acceptance", "json:0.8", "--ttft-ms", "1500", "--tpot-ms", "8",
-                          "--output-tokens", "20", "--out", str(tmp_path / "a")], capsys)
+    code, out, err = run(["advise", "what-if", *H100_8B, "--acceptance", "json:0.8", "--ttft-ms", "1500",
+                          "--tpot-ms", "8", "--output-tokens", "20", "--out", str(tmp_path / "a")], capsys)
     assert code == 0, err
     v = verdicts(tmp_path / "a")["json"]
     assert not v["enable"] and v["reason"] == "prefill-bound" and v["k"] == 0
@@ -191,14 +191,16 @@ def test_validate_table_has_every_error(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["advise", "what-if", "--hardware", "tpu9", "--target-model", "llama-3.1-8b", "--draft-cost", "0", "--acceptance", "a:0.5"],
+    (["advise", "what-if", "--hardware", "tpu9", "--target-model", "llama-3.1-8b", "--draft-cost", "0",
+      "--acceptance", "a:0.5"],
      "unknown hardware 'tpu9'"),
     (["advise", "what-if", *H100_8B, "--acceptance", "json=0.7"], "--acceptance wants NAME:RATE"),
     (["advise", "what-if", *H100_8B, "--acceptance", "json:1.7"], "is not a rate in [0, 1]"),
     (["advise", "what-if", *H100_8B], "no acceptance to judge"),
     (["advise", "what-if", *H100_8B, "--from", "/nonexistent/x.json"], "no such file"),
     (["advise", "what-if", "--hardware", "h100", "--draft-cost", "0", "--acceptance", "a:0.5"], "give the target"),
-    (["advise", "what-if", "--hardware", "h100", "--target-model", "llama-3.1-8b", "--acceptance", "a:0.5"], "give the draft"),
+    (["advise", "what-if", "--hardware", "h100", "--target-model", "llama-3.1-8b", "--acceptance", "a:0.5"],
+     "give the draft"),
     (["advise", "--acceptance", "a:0.5", "--target", "someorg/not-here"], "model its hardware with `speclab advise "
      "what-if --hardware PRESET"),
     (["advise", "what-if", *H100_8B, "--acceptance", "a:0.5", "--target-model", "8e9:32"],
@@ -249,8 +251,8 @@ def test_docs_table_matches_the_validation():
 
 
 def test_ragged_batch_time_by_hand():
-    from speclab.analysis.costmodel import MeasuredCosts
     from benchmarks.cpucheck import ragged_time
+    from speclab.analysis.costmodel import MeasuredCosts
 
     costs = MeasuredCosts({(1, 1): 1.0, (2, 1): 1.5, (1, 3): 2.0, (2, 3): 3.0}, {1: 0.1, 2: 0.2})
     # k = 2; row 0 needs 6 tokens at 3 a round (2 rounds), row 1 12 at 2 (6 rounds): 2 rounds of both

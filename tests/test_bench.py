@@ -51,8 +51,8 @@ def test_compare_grid_defaults():
 
 
 def test_layouts_smoke(tmp_path, capsys):
-    """`python benchmarks/layouts.py`: the target (21 MB of weights) is kept in both layouts and timed both ways, the draft in
-    one; generate with the engine's choice gives the same tokens as with W^T everywhere."""
+    """`python benchmarks/layouts.py`: the target (21 MB of weights) is kept in both layouts and timed both ways, the
+    draft in one; generate with the engine's choice gives the same tokens as with W^T everywhere."""
     if not {"target", "draft-xs-distill"} <= {m["name"] for m in list_models()}:
         pytest.skip("family not trained")
     from benchmarks.layouts import main

@@ -103,7 +103,7 @@ def test_bench_refuses_bad_numbers_in_one_line_before_loading_anything(capsys, a
 
 @pytest.mark.parametrize("argv,needle", [
     (["bench", "--compare", "--ks", "2"], "`speclab bench --compare` is now `speclab bench compare`"),
-    (["bench", "--serve-experiment"], "`speclab bench --serve-experiment` is now `python benchmarks/serve_experiment.py`"),
+    (["bench", "--serve-experiment"], "is now `python benchmarks/serve_experiment.py`"),
     (["bench", "--layouts"], "is now `python benchmarks/layouts.py`"),
     (["bench", "--workload", "json"], "the acceptance report is now `speclab bench acceptance`"),
     (["bench", "compare", "--ks", "2"], "speclab bench: --ks is now --k"),

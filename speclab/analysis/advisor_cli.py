@@ -14,7 +14,6 @@ The check of the cost model against speedups measured here is ``python benchmark
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..errors import SpeclabError
 from . import advisor

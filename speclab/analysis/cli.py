@@ -98,8 +98,8 @@ RUNNERS = {"acceptance": _acceptance, "compare": _compare, "serve": _serve, "pol
 def _acceptance_parser(sub) -> None:
     p = sub.add_parser("acceptance", help="acceptance per workload and draft (greedy and T=0.8) on the family")
     add_flags(p, "target", "draft", "workload", "k", "max_new_tokens", "prompts", "seed", "threads", "out", "quiet",
-              draft=dict(action="append", dest="drafter", help="a draft to measure (repeatable; default: every family draft and "
-                                               "ngram)"),
+              draft=dict(action="append", dest="drafter",
+                         help="a draft to measure (repeatable; default: every family draft and ngram)"),
               workload=dict(help="'all' (default), a workload name, a comma list or a .jsonl path"),
               prompts=dict(help="prompts taken from each workload (default 8)"))
     p.add_argument("--temperature", type=float, action="append", default=None,
