@@ -24,6 +24,10 @@ def run(p: argparse.ArgumentParser, runner: Callable, argv: list[str] | None, na
     args = p.parse_args(argv)
     exit_cleanly_on_sigterm()
     try:
+        if getattr(args, "target", "x") is None:
+            from speclab.defaults import default_target
+
+            args.target = default_target()
         args.json = str(out_path(args, name))
         return runner(args) or 0
     except SpeclabError as e:
