@@ -237,7 +237,7 @@ def calls_chart(result: dict, engine: str | None = None):
     df = pd.DataFrame(rows)
     df["label"] = df["mark"] + df["check"].map({"failed": " ✗", "ok": ""})
     scale = alt.Scale(domain=["bursty", "smooth", "late", "unknown"],
-                      range=["#d4760a", "#0969da", "#8250df", "#8c959f"])
+                      range=["#d4760a", "rgb(9, 105, 218)", "rgb(130, 80, 223)", "#8c959f"])
     order = list(dict.fromkeys(df["server"]))
     base = alt.Chart(df).encode(x=alt.X("concurrency:O", title="concurrency"),
                                 y=alt.Y("server:N", sort=order, title=None))

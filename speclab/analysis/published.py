@@ -62,7 +62,8 @@ CASES: tuple[Case, ...] = (
          note="the docs' EAGLE-3 figure (373.25 tok/s) comes without an acceptance length; this run publishes both"),
     Case("vllm-plain", "vLLM V1, 1x H100, Llama-3.1-8B-Instruct, MT-Bench, batch 1", "plain decoding", "h100",
          "llama-3.1-8b", "tpot_ms", 7.07, VLLM_ISSUE,
-         note="GPU as in the author's earlier runs of the same benchmark (vLLM #16937: 'H100 BS1')"),
+         note="GPU as in the author's earlier runs of the same benchmark "
+              "(https://github.com/vllm-project/vllm/issues/16937: 'H100 BS1')"),
     *(Case(f"vllm-eagle{v}-k{k}", "vLLM V1, 1x H100, Llama-3.1-8B-Instruct, MT-Bench, batch 1",
            f"EAGLE-{v} chain, k={k}", "h100", "llama-3.1-8b", "tpot_ms", tpot, VLLM_ISSUE,
            draft="eagle-llama3.1-8b" if v == 1 else "eagle3-llama3.1-8b", k=k, mean_length=tau,
