@@ -301,3 +301,50 @@ def test_advise_from_a_real_load_result_with_no_other_flag(tmp_path, capsys):
     assert [v["workload"] for v in advice["verdicts"]] == ["served"]
     code, printed, err = run(["advise", "--from", str(tmp_path / "plain.json")], capsys)
     assert code == 2 and err.count("\n") == 1 and "hold no acceptance" in err and "--acceptance NAME:RATE" in err
+
+
+def test_reads_a_bench_serve_result(tmp_path):
+    """The rows `speclab bench serve` writes (:func:`speclab.analysis.bench_serve._row`, built from the load tool's
+    level summaries): the speculative server's acceptance at the lowest load, plain decoding's TTFT and TPOT."""
+    from speclab.analysis.bench_serve import _row
+
+    def level(ttft, tpot, spec_len):
+        return {"summary": {"completed": 4, "failed": 0, "output_throughput": 100.0, "request_throughput": 1.0,
+                            "ttft_ms": {"p50": ttft, "mean": ttft}, "tpot_ms": {"mean": tpot, "p95": tpot},
+                            "e2e_ms": {"p95": 500.0}},
+                "fingerprint": {"call": "bursty" if spec_len else "smooth", "mean_tokens_per_burst": 1.0},
+                "server": {"spec_decode": {"mean_acceptance_length": spec_len} if spec_len else None}}
+
+    rows = [_row("speclab plain", "json", 1, level(20.0, 8.0, None)),
+            _row("speclab speculative", "json", 1, level(22.0, 4.0, 3.1)),
+            _row("speclab plain", "json", 4, level(40.0, 9.0, None)),
+            _row("speclab speculative", "json", 4, level(45.0, 6.0, 2.9))]
+    (tmp_path / "serve.json").write_text(json.dumps({"target": "target", "rows": rows}))
+    inp = read_inputs([tmp_path / "serve.json"], concurrency=4)
+    assert [(w.name, w.mean_length, w.source) for w in inp.workloads] == [("json", 3.1, "scraped")]
+    assert inp.tpot_ms == 9.0 and inp.tpot_is_plain and inp.ttft_ms == 40.0 and inp.target == "target"
+
+
+@pytest.mark.slow
+def test_advise_from_bench_results_with_no_other_flag(tiny, tmp_path, capsys):
+    """`speclab bench heads` and `speclab bench policies` on the tiny target, tiny settings, then `speclab advise
+    --from` each result (with --target: a result names its model by its short name, and the tiny one's is the
+    family target's); a synthetic-drafter result holds no measured acceptance: one line naming the flag."""
+    code, _, err = run(["bench", "heads", "--target", tiny["target"], "--workload", "json", "--max-new-tokens", "6",
+                        "--budget", "3", "--k", "2", "--prompts-per-workload", "1", "--reps", "1", "--quiet",
+                        "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    code, _, err = run(["bench", "policies", "--target", tiny["target"], "--draft", tiny["draft_close"],
+                        "--workload", "json,code", "--batches", "1", "--k", "2", "--policy", "none",
+                        "--prompts-per-workload", "1", "--reps", "1", "--max-new-tokens", "6", "--quiet",
+                        "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    for name, workloads in (("heads", {"json"}), ("policies", {"json", "code"})):
+        code, printed, err = run(["advise", "--from", str(tmp_path / f"{name}.json"), "--target", tiny["target"],
+                                  "--out", str(tmp_path / name)], capsys)
+        assert code == 0, (name, err)
+        assert "timed on this machine" in printed
+        assert set(verdicts(tmp_path / name)) == workloads
+    (tmp_path / "synthetic.json").write_text(json.dumps({"cells": [{"alpha": 0.5, "k": 2, "batch": 1}]}))
+    code, _, err = run(["advise", "--from", str(tmp_path / "synthetic.json")], capsys)
+    assert code == 2 and "synthetic-drafter result" in err and "--acceptance NAME:RATE" in err

@@ -64,7 +64,7 @@ def cmd_advise(args) -> int:
     if inp.costs is None:
         from .advisor_inputs import measure_step_costs
 
-        inp.costs = measure_step_costs(inp, args.target_name, args.k_max, log=print)
+        inp.costs = measure_step_costs(inp, args.target_name, args.draft_name, args.k_max, log=print)
     dep = make_deployment(None, inputs=inp, k_max=args.k_max, target_name=args.target_name,
                           draft_name=args.draft_name, method=args.method, concurrency=args.concurrency)
     return _report(args, advise(inp, dep))

@@ -211,11 +211,12 @@ def _from_bench_heads(d: dict, inp: Inputs) -> None:
             inp.workloads.append(Workload(wl, mean_length=float(best["mean_accepted_length"]), k=int(best["k"]),
                                           source="measured"))
             inp.notes.append(f"acceptance on {wl}: speclab bench heads, its fastest method ({best['method']})")
+            inp.draft = inp.draft or best.get("spec")  # the drafter whose step costs matter
     inp.target = d.get("target")
     inp.tokenizer_match, inp.tokenizer_source = True, "measured"
 
 
-def measure_step_costs(inp: Inputs, target: str | None, k_max: int, log=print) -> MeasuredCosts:
+def measure_step_costs(inp: Inputs, target: str | None, draft: str | None, k_max: int, log=print) -> MeasuredCosts:
     """The step costs a result did not carry, timed here on the model it names (a family model or a local
     directory) or on the family's target, with its draft (the result's, else the family's default): target forwards
     at a few row counts up to twice the expected concurrency and 1..k_max+1 tokens, one draft step per row count,
@@ -238,21 +239,26 @@ def measure_step_costs(inp: Inputs, target: str | None, k_max: int, log=print) -
                            f"--target-model SHAPE`")
     t0 = time.perf_counter()
     tgt = cached_model(name, device="cpu", role="target")
-    draft = inp.draft if inp.draft not in (None, "", "DRAFT") else default_draft()
-    drafter = new_drafter(draft, tgt)
+    draft = draft or (inp.draft if inp.draft not in (None, "", "DRAFT") else default_draft())
+    try:
+        drafter = new_drafter(draft, tgt)
+    except SpeclabError as e:
+        raise SpeclabError(f"timing the step costs here: {e}; name the draft to time with --draft") from None
+    dlm = getattr(drafter, "lm", None)
     top = min(64, max(4, 2 * (inp.concurrency or 1)))
     rows = sorted({1, top} | {r for r in (4, 16) if r < top})  # interpolated between, extrapolated past the top
     tokens = sorted({1, 3, int(k_max) + 1})
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        costs = MeasuredCosts.measure(tgt, getattr(drafter, "lm", None), rows=rows, tokens=tokens, reps=5,
+        costs = MeasuredCosts.measure(tgt, dlm, rows=rows, tokens=tokens, reps=5,
                                       clock=time.process_time)
     finally:
         torch.set_num_threads(threads)
     costs.source = "timed on this machine"
     inp.draft = inp.draft or draft
-    log(f"step costs: the result has none, so they were timed on this machine ({tgt.name}, draft {draft}, "
+    free = "" if dlm is not None else ": no separate model, its steps counted as free"
+    log(f"step costs: the result has none, so they were timed on this machine ({tgt.name}, draft {draft}{free}, "
         f"{time.perf_counter() - t0:.0f} s); for other hardware use `speclab advise what-if --hardware PRESET`")
     return costs
 
