@@ -1,4 +1,4 @@
-"""``speclab bench``: one subcommand per benchmark, each printing a table and writing its JSON into ``--out DIR``.
+"""``speclab bench``: one subcommand per benchmark; each prints a table and writes its JSON into ``--out DIR``.
 
 * ``acceptance``: acceptance per workload and draft (greedy and T=0.8) on the family;
 * ``compare``: speclab against Hugging Face ``generate`` (plain, assisted, prompt lookup), and a batch sweep;
@@ -123,8 +123,10 @@ def _serve_parser(sub) -> None:
                        "--peer vllm)")
     add_flags(p, "target", "draft", "k", "workload", "max_new_tokens", "reps", "full", "seed", "threads", "out",
               "quiet", workload=dict(help="workloads (default json,code; --full: all)"),
+              max_new_tokens=dict(help="tokens per request (default 32; --full 64)"),
               reps=dict(help="interleaved repetitions per load level, every server in turn (default 1)"))
-    p.add_argument("--policy", dest="spec_policy", default=None, help="the speculative server's draft-length policy")
+    p.add_argument("--policy", dest="spec_policy", default=None, metavar="NAME",
+                   help="the speculative server's draft-length policy (default: fixed k)")
     p.add_argument("--concurrency", default=None, help="concurrency levels, a comma list (default 1,2,4,... until "
                    "plain decoding saturates, at most --max-concurrency)")
     p.add_argument("--max-concurrency", type=int, default=None, help="highest level of the doubling (default 16; "
@@ -151,6 +153,8 @@ def add_policies_flags(p) -> None:
               workload=dict(help="workloads and their mix (default json,code; --full: all)"),
               ks=dict(help="fixed k values; the largest is the adaptive policies' K (default 1,2,4)"),
               batches=dict(help="concurrency levels (default 1,4,16,64)"),
+              max_new_tokens=dict(help="tokens per request, around which budgets spread (at most 32 unless --full; "
+                                       "default 64)"),
               prompts=dict(help="requests per workload (default 4; --full 8)"),
               reps=dict(help="interleaved repetitions of the whole grid (default 3)"))
     p.add_argument("--policy", dest="policy_list", default=None, metavar="NAME,...",
@@ -169,6 +173,7 @@ def _synthetic_parser(sub) -> None:
               "seed", "threads", "device", "out", "quiet",
               workload=dict(help="where the prompts come from (default: all)"),
               ks=dict(help="draft lengths (default 1,2,4,8)"), batches=dict(help="batch sizes (default 1,4,16,64)"),
+              max_new_tokens=dict(help="tokens per row (at most 32 unless --full; default 64)"),
               reps=dict(help="interleaved repetitions (default 3)"))
     p.add_argument("--alphas", default=None, metavar="A,...", help="acceptance values (default 0.3,0.5,0.7,0.9)")
     p.add_argument("--cost", type=float, default=0.1, help="draft step cost C, in target steps (default 0.1)")
@@ -193,7 +198,9 @@ def _heads_parser(sub) -> None:
 def add_commands(subparsers) -> None:
     """Register ``bench`` and its subcommands on an argparse subparsers object."""
     b = subparsers.add_parser("bench", help="benchmarks: acceptance, compare, serve, policies, synthetic, heads",
-                              description=__doc__.split("\n\n")[0])
+                              description="One subcommand per benchmark: each prints a table and writes its JSON "
+                                          "into --out DIR (default results/). One-off experiments live in "
+                                          "benchmarks/ (python benchmarks/NAME.py --help).")
     sub = b.add_subparsers(dest="mode", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for make in (_acceptance_parser, _compare_parser, _serve_parser, _policies_parser, _synthetic_parser,
                  _heads_parser):

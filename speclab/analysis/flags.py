@@ -40,7 +40,7 @@ FLAGS: dict[str, Flag] = {
                                                       help="prompts taken from each workload")),
     "reps": Flag(("--reps",), dict(type=int, default=None, help="interleaved repetitions of the whole measurement")),
     "full": Flag(("--full",), dict(action="store_true", help="the full grid instead of the quick default")),
-    "seed": Flag(("--seed",), dict(type=int, default=0)),
+    "seed": Flag(("--seed",), dict(type=int, default=0, help="random seed (default 0)")),
     "threads": Flag(("--threads",), dict(type=int, default=None, help="torch CPU threads (default 1)")),
     "device": Flag(("--device",), dict(default=None, help="cpu or cuda (default: cuda when present)")),
     "clock": Flag(("--clock",), dict(choices=("wall", "process"), default="wall",
