@@ -1,4 +1,4 @@
-"""`speclab bench --compare` end to end on the shipped family, tiny settings: the JSON has the fields
+"""`speclab bench compare` end to end on the shipped family, tiny settings: the JSON has the fields
 the README documents, every output is identical to HF generate, and the targets are computed."""
 
 import json
@@ -16,9 +16,9 @@ def test_compare_smoke(tmp_path, capsys):
     from speclab.cli import main
 
     out = tmp_path / "compare.json"
-    rc = main(["bench", "--compare", "--draft", "draft-xs", "--workload", "json,code", "--prompts-per-workload", "1",
-               "--reps", "1", "--ks", "2", "--batches", "1,2", "--max-new-tokens", "8", "--threads", "1",
-               "--json", str(out), "--quiet"])
+    rc = main(["bench", "compare", "--draft", "draft-xs", "--workload", "json,code", "--prompts-per-workload", "1",
+               "--reps", "1", "--k", "2", "--batches", "1,2", "--max-new-tokens", "8", "--threads", "1",
+               "--out", str(tmp_path), "--quiet"])
     assert rc == 0
     rep = json.loads(out.read_text())
     assert {"rows", "efficiency", "crossover_batch", "batch", "targets"} <= set(rep)
@@ -41,7 +41,7 @@ def test_compare_smoke(tmp_path, capsys):
 
 
 def test_compare_grid_defaults():
-    """A bare `speclab bench --compare` runs the compact grid (about 3 minutes); --full the whole one; what the
+    """A bare `speclab bench compare` runs the compact grid (about 3 minutes); --full the whole one; what the
     user gives always wins."""
     import argparse
 
@@ -57,16 +57,16 @@ def test_compare_grid_defaults():
 
 @pytest.mark.slow
 def test_layouts_smoke(tmp_path, capsys):
-    """`bench --layouts`: the target (21 MB of weights) is kept in both layouts and timed both ways, the draft in
-    one; generate with the engine's choice gives the same tokens as with W^T everywhere."""
+    """`python benchmarks/layouts.py`: the target (21 MB of weights) is kept in both layouts and timed both ways, the
+    draft in one; generate with the engine's choice gives the same tokens as with W^T everywhere."""
     if not {"target", "draft-xs-distill"} <= {m["name"] for m in list_models()}:
         pytest.skip("family not trained")
-    from speclab.cli import main
+    from benchmarks.layouts import main
     from speclab.models.native_llama import FEW_ROWS
 
     out = tmp_path / "layouts.json"
-    rc = main(["bench", "--layouts", "--draft", "draft-xs-distill", "--reps", "3", "--batches", "1,2", "--ks", "0,2",
-               "--max-new-tokens", "8", "--threads", "1", "--json", str(out)])
+    rc = main(["--draft", "draft-xs-distill", "--reps", "3", "--batches", "1,2", "--k", "0,2", "--max-new-tokens", "8",
+               "--threads", "1", "--out", str(tmp_path)])
     assert rc == 0
     rep = json.loads(out.read_text())
     assert rep["few_rows"] == list(FEW_ROWS)

@@ -217,16 +217,16 @@ def test_head_chain_samples_follow_target_distribution(target_lm, random_heads, 
 
 
 def test_bench_heads_smoke(tiny, tmp_path, capsys):
-    """`speclab bench --heads` end to end on the tiny target (heads trained on other weights are left out):
+    """`speclab bench heads` end to end on the tiny target (heads trained on other weights are left out):
     a table, the targets, a JSON report with every method identical to plain decoding."""
     import json
 
     from speclab.cli import main
 
     out = tmp_path / "heads.json"
-    rc = main(["bench", "--heads", "--target", tiny["target"], "--workload", "json",  # default prompts and reps
+    rc = main(["bench", "heads", "--target", tiny["target"], "--workload", "json",  # default prompts and reps
                "--max-new-tokens", "6", "--budget", "3", "--k", "2", "--threads", "1", "--quiet",
-               "--json", str(out)])
+               "--out", str(tmp_path)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "ngram tree 3" in printed and "all_identical" in printed

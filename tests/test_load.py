@@ -366,7 +366,7 @@ def test_late_delivery_of_plain_steps_reads_as_plain():
 def test_a_few_late_bursts_of_a_plain_server_are_not_speculation():
     """Too few bursts for the pace statistics: a plain server whose streaming side stalled once (6 one-token chunks
     together after 6 steps) and twice more (pairs after 2 steps), two requests, 23 gaps: 30% of them near zero, which
-    read bursty (a CI run of ``bench --serve``). Each of those tokens waited about a step: late delivery, so unknown.
+    read bursty (a CI run of ``bench serve``). Each of those tokens waited about a step: late delivery, so unknown.
     The same few bursts after a single step's wait are speculation's: bursty."""
     def level(late: bool):
         traces = []
@@ -615,7 +615,7 @@ def test_scrape_prefix_cache_counters_over_a_window():
     assert scrape.window(scrape.parse(text(5, 0)), scrape.parse(text(5, 0)))["prefix_cache"]["hit_rate"] is None
 
 
-# ---------------------------------------------------------------- bench --serve: pure parts
+# ---------------------------------------------------------------- bench serve: pure parts
 
 
 def test_bench_serve_crossover_saturation_identity():
@@ -1023,9 +1023,9 @@ def test_bench_serve_small(tmp_path, capsys):
 
     if resolve(DEFAULT_TARGET) is None:
         pytest.skip("family weights not present")
-    out = tmp_path / "bench.json"
-    rc = main(["bench", "--serve", "--workload", "json", "--concurrency", "1,2", "--requests", "3",
-               "--max-new-tokens", "16", "--reps", "2", "--quiet", "--json", str(out)])
+    out = tmp_path / "serve.json"
+    rc = main(["bench", "serve", "--workload", "json", "--concurrency", "1,2", "--requests", "3",
+               "--max-new-tokens", "16", "--reps", "2", "--quiet", "--out", str(tmp_path)])
     assert rc == 0
     res = _json.loads(out.read_text())
     assert res["reps"] == 2
@@ -1090,7 +1090,7 @@ def descendants(pid: int) -> list[int]:
 
 @pytest.mark.slow
 def test_sigterm_to_a_benchmark_stops_the_servers_it_started():
-    """`speclab bench --serve` starts its servers in their own sessions: a SIGTERM to the benchmark (SIGTERM's
+    """`speclab bench serve` starts its servers in their own sessions: a SIGTERM to the benchmark (SIGTERM's
     default runs no clean-up) once left them running, calibrating, with nobody to stop them. Now it unwinds: exit
     status 143, one line, and every process it started is gone."""
     import os
@@ -1098,7 +1098,7 @@ def test_sigterm_to_a_benchmark_stops_the_servers_it_started():
     import subprocess
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "speclab", "bench", "--serve", "--workload", "json",
+    proc = subprocess.Popen([sys.executable, "-m", "speclab", "bench", "serve", "--workload", "json",
                              "--concurrency", "1", "--requests", "3", "--max-new-tokens", "8", "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))

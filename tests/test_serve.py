@@ -1045,7 +1045,7 @@ def test_speculative_config_parsing():
                 '{"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}', '{"draft": "x"}'):
         with pytest.raises(SpeclabError):
             parse_speculative_config(bad)
-    # vLLM's JSON back, parsed to the same config (what speclab bench --serve hands to both servers)
+    # vLLM's JSON back, parsed to the same config (what speclab bench serve hands to both servers)
     for text in ('{"model": "draft-s", "num_speculative_tokens": 3}', '{"method": "ngram", "prompt_lookup_max": 3}',
                  '{"method": "synthetic", "model": "0.8", "num_speculative_tokens": 2}'):
         s = parse_speculative_config(text)

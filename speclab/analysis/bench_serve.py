@@ -1,4 +1,4 @@
-"""``speclab bench --serve``: the serving benchmark. It starts ``speclab serve`` twice (plain decoding and
+"""``speclab bench serve``: the serving benchmark. It starts ``speclab serve`` twice (plain decoding and
 speculative: the family's default draft at k = 4 unless flags say otherwise), runs the load tool
 (:mod:`speclab.load`, the one load generator) at concurrency 1, 2, 4, ... per workload, plain and
 speculative interleaved level by level (both servers up at once, so machine noise hits both alike),
@@ -23,29 +23,6 @@ from ..errors import SpeclabError
 from ..tables import num
 
 SATURATION_GAIN = 1.10  # doubling concurrency must raise plain tokens/s by 10% to count as not saturated
-
-
-def add_serve_arguments(b) -> None:
-    """The ``--serve`` flags on ``speclab bench`` (the others it reads: --workload, --k, --draft, --target,
-    --max-new-tokens, --seed, --threads, --json, --full, --quiet)."""
-    b.add_argument("--serve", action="store_true", help="serving benchmark: speclab serve plain vs speculative at "
-                   "rising concurrency (json,code unless --workload; --full: every workload, more tokens and levels)")
-    b.add_argument("--concurrency", default=None, help="--serve: concurrency levels (default 1,2,4,... until plain "
-                   "decoding saturates, at most --max-concurrency)")
-    b.add_argument("--max-concurrency", type=int, default=None, help="--serve: highest level of the doubling "
-                   "(default 16; --full 64)")
-    b.add_argument("--requests", type=int, default=None, help="--serve: requests per level (default max(4, 2 x "
-                   "concurrency); --full max(8, 4 x concurrency))")
-    b.add_argument("--speculative-config", default=None, metavar="JSON", help="--serve: the speculative server's "
-                   "--speculative-config (default: --draft or the family's default draft, k = --k)")
-    b.add_argument("--spec-policy", default=None, help="--serve: the speculative server's draft-length policy")
-    b.add_argument("--peer", choices=("vllm",), default=None, help="--serve: also run the same load against vLLM")
-    b.add_argument("--vllm-venv", default=None, metavar="PATH", help="--serve --peer vllm: vLLM's venv (default "
-                   "$SPECLAB_VLLM_VENV or /work/vllm-venv)")
-    b.add_argument("--charts", default=None, metavar="DIR", help="--serve: write Altair charts (HTML) into DIR")
-    b.add_argument("--prefix-caching", choices=("on", "off"), default="on", help="--serve: the speclab servers' prefix "
-                   "caching (default on, as both servers default; the load repeats prompts, so 'off' shows what the "
-                   "prompts' prefills cost)")
 
 
 def levels_to_run(spec: str | None, max_c: int) -> list[int] | None:
@@ -168,7 +145,7 @@ def speculative_config_for(args) -> dict:
                           {"method": "draft_model", "model": draft, "num_speculative_tokens": args.k})
     spec = parse_speculative_config(text).to_json()
     if spec is None:
-        raise SpeclabError("speclab bench --serve compares plain and speculative decoding: give a speculative "
+        raise SpeclabError("speclab bench serve compares plain and speculative decoding: give a speculative "
                            "config with num_speculative_tokens >= 1")
     return spec
 
@@ -262,7 +239,7 @@ def run_serve_bench(args) -> int:
     if args.peer == "vllm":
         venv = vllm_venv(args.vllm_venv)
         if venv is None:
-            print(f"speclab bench --serve: vLLM peer skipped: no venv at {args.vllm_venv or 'the default'} "
+            print(f"speclab bench serve: vLLM peer skipped: no venv at {args.vllm_venv or 'the default'} "
                   f"(set it up with scripts/setup_vllm)")
         else:
             peer = venv
@@ -308,7 +285,7 @@ def run_serve_bench(args) -> int:
 
     prefix_caching = getattr(args, "prefix_caching", "on")
     t_start = time.perf_counter()
-    log(f"speclab bench --serve: target {target}, speculative {json.dumps(spec)}, workloads {','.join(workloads)}, "
+    log(f"speclab bench serve: target {target}, speculative {json.dumps(spec)}, workloads {','.join(workloads)}, "
         f"max_tokens {max_tokens}, concurrency {fixed or f'1,2,4,... up to {max_c} until plain saturates'}, "
         f"{reps} interleaved repetition(s), speclab prefix caching {prefix_caching}")
     vllm_notes = []
@@ -335,7 +312,7 @@ def run_serve_bench(args) -> int:
                     srv = vllm_serve(peer, model_dir, sc)
                 except SpeclabError as e:
                     vllm_notes.append(f"{name} failed: {e}")
-                    print(f"speclab bench --serve: {name} failed: {e}")
+                    print(f"speclab bench serve: {name} failed: {e}")
                     continue
                 up.append((name, srv, model_dir))
                 log(f"{name} up after {srv.started_s:.0f} s")

@@ -167,7 +167,7 @@ def step_costs(target, draft=None, ks=(), *, batch: int = 1, context: int = 128,
     """Median seconds of one target decode step, one draft decode step (``draft``: an LM or None)
     and one target verification of k+1 positions for each k in ``ks``, all against a cache of
     ``context`` positions and timed interleaved. The one timer behind :func:`cost_ratio`,
-    :func:`verify_costs`, :func:`time_forward` and ``speclab bench --compare``."""
+    :func:`verify_costs`, :func:`time_forward` and ``speclab bench compare``."""
     ks = [int(k) for k in ks if int(k) > 0]
     fns = {"target": _stepper(target, batch, context, 1)}
     if draft is not None:

@@ -1,4 +1,4 @@
-"""The synthetic landscape's cost model (``speclab bench --synthetic``, and the policies benchmark's calibration):
+"""The synthetic landscape's cost model (``speclab bench synthetic``, and the policies benchmark's calibration):
 the rounds, active rows and widest draft per round that alpha, k and a budget imply (:func:`round_plan`), a
 round's time from calibration batches that accept nothing (:func:`round_times_from_calibration`) or from its
 parts (:func:`parts_round_time`), and the acceptance the draws realized (:func:`draws`).

@@ -493,7 +493,7 @@ def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = N
     other layout of the weights (see ``FEW_ROWS`` in ``speclab.models.native_llama``), so a step timed right after a
     wider forward runs with those weights cold (timed round-robin with the verify widths, a plain step reads slower
     than a forward of two tokens, and slower than plain decoding runs it).
-    ``plain_apart=False``: every width round-robin (``bench --synthetic``, whose cost
+    ``plain_apart=False``: every width round-robin (``speclab bench synthetic``, whose cost
     model is validated with forwards timed that way)."""
     reduce = _reduce(stat)
     dev = lm.device

@@ -3,7 +3,7 @@ virtual environment (see docs/vllm.md). Each runs in its own session and is stop
 (SIGTERM, then SIGKILL), so nothing is left behind, also when the caller fails or is interrupted (the CLI turns a
 SIGTERM into an exception that unwinds to these stops: :func:`speclab.cli.exit_cleanly_on_sigterm`).
 
-Used by ``speclab bench --serve`` and the load tests."""
+Used by ``speclab bench serve`` and the load tests."""
 
 from __future__ import annotations
 
