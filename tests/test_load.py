@@ -1090,7 +1090,7 @@ def descendants(pid: int) -> list[int]:
 
 @pytest.mark.slow
 def test_sigterm_to_a_benchmark_stops_the_servers_it_started():
-    """`speclab bench --serve` starts its servers in their own sessions: a SIGTERM to the benchmark (SIGTERM's
+    """`speclab bench --serve` starts its servers in process groups of their own: a SIGTERM to the benchmark (SIGTERM's
     default runs no clean-up) once left them running, calibrating, with nobody to stop them. Now it unwinds: exit
     status 143, one line, and every process it started is gone."""
     import os

@@ -207,7 +207,7 @@ class _StreamError(Exception):
 
 # httpcore trace events: the request's headers written to the connection. The server can see the request from these
 # bytes on (speclab serve starts its clock when the kernel receives them); the body follows in a second write, after
-# the client's event loop has run once more (at one stream 0.8 ms later, measured 2026-12-03)
+# the client's event loop has run once more (at one stream about 0.8 ms later)
 WRITTEN = ("http11.send_request_headers.complete", "http2.send_request_headers.complete")
 
 
