@@ -97,6 +97,8 @@ class ServerMetrics:
                              registry=reg).labels(*lv)
         self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", L,
                              registry=reg).labels(*lv)
+        self.cores_serving = Gauge("speclab:engine_cores_serving", "Engine cores taking requests now (a dead one's "
+                                   "replacement counts once it is ready).", L, registry=reg).labels(*lv)
         tok = token_buckets(max_model_len)
         self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                          TTFT_BUCKETS)
@@ -142,15 +144,20 @@ class ServerMetrics:
                                "machine to the server's event loop reading them.", READ_DELAY_BUCKETS)
         self.engine_errors = counter("speclab:engine_errors", "Engine steps that raised (their requests failed).")
         self.engine_errors = self.engine_errors.labels(*lv)
+        self.core_deaths = counter("speclab:engine_core_deaths", "Engine cores that died (each is replaced unless "
+                                   "they keep dying).").labels(*lv)
         Info("speclab:spec_policy", "Speculation in force: method, draft model, policy, num_speculative_tokens.",
              registry=reg).info({"model_name": model_name, "method": method, "draft_model": draft, "policy": policy,
                                  "num_speculative_tokens": str(k_max)})
         self._prefill_s: dict[str, float] = {}
 
-    def bind(self, counts: Callable[[], tuple[int, int]]) -> None:
-        """Read running/waiting from ``counts()`` whenever /metrics is scraped."""
+    def bind(self, counts: Callable[[], tuple[int, int]], serving: Callable[[], int] | None = None) -> None:
+        """Read running/waiting from ``counts()`` (and the cores serving from ``serving()``) whenever /metrics is
+        scraped."""
         self.running.set_function(lambda: counts()[0])
         self.waiting.set_function(lambda: counts()[1])
+        if serving is not None:
+            self.cores_serving.set_function(serving)
 
     # ------------------------------------------------------------------ observer (speclab.serve.runner.Engine)
     def on_round(self, phase: str, time: float, prefill_s: float, rows: list, handles: dict, prefix_queries: int = 0,
@@ -245,3 +252,6 @@ class ServerMetrics:
 
     def engine_error(self) -> None:
         self.engine_errors.inc()
+
+    def core_died(self) -> None:
+        self.core_deaths.inc()

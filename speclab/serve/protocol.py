@@ -5,6 +5,10 @@ Requests are parsed by hand from the JSON body (not by a schema library) so that
 OpenAI-style 400 naming the parameter: ``{"error": {"message", "type": "invalid_request_error", "param",
 "code"}}``. Ranges are checked by :mod:`speclab.limits`, the one place for limits.
 
+Every error the server sends, whatever its status, has that one shape, and ``code`` is always a string
+(:data:`CODES` names the default for each status; OpenAI's own codes where it has one: ``invalid_api_key``,
+``model_not_found``, ``context_length_exceeded``, ``rate_limit_exceeded``).
+
 Parameters (both endpoints): ``model`` (optional; must be the served name), ``max_tokens`` (completions:
 default 16, as OpenAI and vLLM; chat: ``max_completion_tokens`` or ``max_tokens``, default the rest of
 the context, as vLLM), ``temperature`` (default 1.0; 0 = greedy), ``top_p`` (default 1), ``top_k`` (default
@@ -42,24 +46,35 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
-class APIError(Exception):
-    """An HTTP error with an OpenAI-style body."""
+# an error's default (type, code) by HTTP status
+CODES = {400: ("invalid_request_error", "invalid_value"), 401: ("authentication_error", "invalid_api_key"),
+         404: ("invalid_request_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed"),
+         413: ("invalid_request_error", "request_too_large"), 422: ("invalid_request_error", "invalid_value"),
+         429: ("rate_limit_error", "rate_limit_exceeded"), 500: ("server_error", "internal_error"),
+         503: ("server_error", "service_unavailable"), 504: ("timeout_error", "request_timeout")}
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | int | None = None):
+
+class APIError(Exception):
+    """An HTTP error with an OpenAI-style body; ``type`` and ``code`` default by status (:data:`CODES`)."""
+
+    def __init__(self, status: int, message: str, type: str | None = None, param: str | None = None,
+                 code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.type, self.param = status, message, type, param
-        self.code = code if code is not None else status
+        default_type, default_code = CODES.get(status, ("server_error" if status >= 500 else "invalid_request_error",
+                                                        f"http_{status}"))
+        self.status, self.message, self.param = status, message, param
+        self.type, self.code = type or default_type, str(code or default_code)
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None, code=400) -> dict:
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str = "invalid_value") -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def bad(message: str, param: str | None = None, code: str | int = 400) -> APIError:
+def bad(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
     return APIError(400, message, "invalid_request_error", param, code)
 
 
