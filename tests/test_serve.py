@@ -496,6 +496,7 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(servers, models):
             assert r.status_code == 400, (body, r.status_code, r.text)
             err = r.json()["error"]
             assert err["type"] == "invalid_request_error" and err["message"], body
+            assert set(err) == {"message", "type", "param", "code"} and isinstance(err["code"], str), err
             assert err["param"] == param, (body, err)
             assert "\n" not in err["message"]
             if param == "max_tokens" and body.get("max_tokens") in (0, -1):  # named as the client sent it
