@@ -48,11 +48,13 @@ from .protocol import (
     Formatter,
     ModelInfo,
     bad,
+    TAG_HEADER,
     new_id,
     parse_body,
     parse_chat,
     parse_completion,
     stop_reason,
+    workload_tag,
 )
 from .runner import ERROR, TOKENS, Engine, NoCore, auto_cores, core_share, fork_ok, plan_cpus
 
@@ -107,7 +109,8 @@ class Server:
                  stream_split_tokens: bool = False, method: str = "none", draft_name: str = "none",
                  engine_process: bool | None = None, engine_threads: int | None = None, cpu_binding: str = "none",
                  engine_cores: int | None = None, prefix_caching: bool = True, costs=None,
-                 request_timeout: float | None = None, stream_stall_timeout: float | None = 30.0):
+                 request_timeout: float | None = None, stream_stall_timeout: float | None = 30.0,
+                 max_workload_tags: int = 32):
         self.lm = target
         self.decode = fast_decoder(target)  # == target.decode, cheaper per call
         context = min(max_model_len or target.max_context, target.max_context)
@@ -124,7 +127,8 @@ class Server:
         self.draft_lm = getattr(drafter, "lm", None) if speculative else None
         self.metrics = ServerMetrics(served_name, speculative=speculative, k_max=policy.k_max if speculative else 0,
                                      policy=policy.name, method=method if speculative else "none",
-                                     draft=draft_name if speculative else "none", max_model_len=context)
+                                     draft=draft_name if speculative else "none", max_model_len=context,
+                                     max_tags=max_workload_tags)
         # step costs: calibrated by the caller, or learnt online (every scheduler of a core shares them)
         # the engine core in a process of its own where a fork is safe (speclab.serve.runner); a forked process
         # cannot use the parent's OpenMP thread pool, so it runs the model on one thread: asked for more, the
@@ -175,13 +179,13 @@ class Server:
                 raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
                                "authentication_error", code="invalid_api_key")
 
-    def submit(self, g, rid: str, arrival: float):
+    def submit(self, g, rid: str, arrival: float, tag: str | None = None):
         req = EngineRequest(g.prompt_ids, g.max_tokens, g.params, g.seed, g.stop, g.ignore_eos, request_id=rid,
                             arrival=arrival)
         try:
             if self.draft_lm is not None:
                 check_draft_context(self.lm, self.draft_lm, len(g.prompt_ids) + g.max_tokens)
-            return self.engine.submit(req, g.stream)
+            return self.engine.submit(req, g.stream, tag)
         except QueueFull as e:
             self.metrics.rejected()
             raise APIError(429, str(e)) from None
@@ -199,8 +203,9 @@ class Server:
         self.check(request)
         body = parse_body(await request.body())
         g = (parse_chat if kind == "chat" else parse_completion)(body, self.info)
+        tag = workload_tag(request.headers.get(TAG_HEADER), body)
         rid = new_id(kind)
-        h = self.submit(g, rid, arrival)
+        h = self.submit(g, rid, arrival, tag)
         fmt = Formatter(kind, rid, self.info.served_name, g.return_token_ids, g.prompt_ids)
         if g.stream:
             return SSEResponse(self.stream(h, g, fmt), lambda: self.engine.cancel(h), self.stall_timeout)

@@ -80,6 +80,9 @@ def add_commands(sub) -> None:
     p.add_argument("--stream-stall-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="cancel a stream whose client has not taken a chunk for this long (its connection's buffers "
                    "are full) and close its connection, freeing its row (default 30)")
+    p.add_argument("--max-workload-tags", type=int, default=32, metavar="N",
+                   help="workload tags (a request's metadata.workload or X-Workload header) exported with their own "
+                   "speclab:workload_* series on /metrics; later tags share the '_other' series (default 32)")
     p.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
                    help="uvicorn's HTTP parser; auto (default): httptools (C) when installed, else h11 (pure Python)")
     p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
@@ -126,6 +129,7 @@ def cmd_serve(args) -> int:
     dp = None if str(args.data_parallel_size).strip().lower() == "auto" else \
         check_int("--data-parallel-size", args.data_parallel_size, 1, 64)
     check_int("--port", args.port, 0, 65535)
+    check_int("--max-workload-tags", args.max_workload_tags, 0, 10_000)
     for flag, v in (("--request-timeout", args.request_timeout), ("--stream-stall-timeout", args.stream_stall_timeout)):
         if v is not None and not v > 0:
             raise SpeclabError(f"{flag} must be a positive number of seconds, got {v:g}")
@@ -182,7 +186,8 @@ def cmd_serve(args) -> int:
                         engine_process=None if args.engine == "auto" else args.engine == "process",
                         cpu_binding=args.cpu_binding, engine_threads=torch.get_num_threads(), engine_cores=dp,
                         prefix_caching=args.enable_prefix_caching, costs=costs,
-                        request_timeout=args.request_timeout, stream_stall_timeout=args.stream_stall_timeout)
+                        request_timeout=args.request_timeout, stream_stall_timeout=args.stream_stall_timeout,
+                        max_workload_tags=args.max_workload_tags)
         app = create_app(server)
     except BaseException:
         sock.close()

@@ -103,6 +103,27 @@ class GenRequest:
     return_token_ids: bool
 
 
+TAG_HEADER = "x-workload"  # a request's workload tag, as a header (e.g. set by a gateway per endpoint)
+TAG_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.:/")
+TAG_MAX = 64
+
+
+def workload_tag(header: str | None, body: dict) -> str | None:
+    """A request's workload (or endpoint) tag: OpenAI's ``metadata`` field, ``{"workload": TAG}``, or the
+    ``X-Workload`` header (the body wins when both are given); None without one. A tag is 1-64 characters of
+    letters, digits and ``_-.:/``, so that it can be a Prometheus label value as it is."""
+    meta = body.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise bad("'metadata' must be an object of string values", "metadata")
+    tag, param = (meta.get("workload"), "metadata") if meta and "workload" in meta else (header, TAG_HEADER)
+    if tag is None:
+        return None
+    if not isinstance(tag, str) or not 0 < len(tag) <= TAG_MAX or not set(tag) <= TAG_CHARS:
+        raise bad(f"the workload tag must be 1-{TAG_MAX} characters of letters, digits and _-.:/, got "
+                  f"{json.dumps(tag)[:80]}", param)
+    return tag
+
+
 def parse_body(raw: bytes) -> dict:
     try:
         body = json.loads(raw)

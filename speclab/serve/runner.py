@@ -86,10 +86,11 @@ def core_failure(message: str) -> Failure:
 class Handle:
     """One request's link from the engine to the asyncio task serving it."""
 
-    __slots__ = ("req", "stream", "queue", "last_time", "done", "cancelled", "status", "deadline")
+    __slots__ = ("req", "stream", "queue", "last_time", "done", "cancelled", "status", "deadline", "tag")
 
-    def __init__(self, req: Request, stream: bool):
+    def __init__(self, req: Request, stream: bool, tag: str | None = None):
         self.req = req
+        self.tag = tag  # its workload tag (metrics per tag), or None
         self.stream = stream  # False: only the FINAL item is delivered
         self.queue: asyncio.Queue = asyncio.Queue()
         self.last_time: float | None = None  # when this request's latest tokens arrived here
@@ -271,7 +272,7 @@ class Engine:
                 core.channel.send((STOP,))
 
     # ------------------------------------------------------------------ requests (on the event loop)
-    def submit(self, req: Request, stream: bool) -> Handle:
+    def submit(self, req: Request, stream: bool, tag: str | None = None) -> Handle:
         """Send ``req`` to the core with the fewest requests in flight for its share of the rows (the first of
         equals, so a light load stays on the first core); QueueFull when the bound on requests in flight is
         reached."""
@@ -279,7 +280,7 @@ class Engine:
         if len(self.handles) >= self.max_in_flight:
             raise QueueFull(f"the queue is full ({self.running} running, {self.waiting} waiting; at most "
                             f"{self.max_in_flight} in flight)")
-        h = Handle(req, stream)
+        h = Handle(req, stream, tag)
         if self.request_timeout is not None:
             h.deadline = req.arrival + self.request_timeout
         self.handles[req.request_id] = h
@@ -379,7 +380,7 @@ class Engine:
             h.status = "abort" if req.finish_reason == "cancelled" else \
                 ("length" if req.finish_reason == "length" else "stop")
             h.queue.put_nowait((FINAL, new or [], req))
-        self._observe("finished", req, h.status)
+        self._observe("finished", req, h.status, h.tag)
 
     def _on_lost(self, core: _Core) -> None:
         """A core's end closed: it stopped, or died. Its requests fail; the other cores' go on and take the new
