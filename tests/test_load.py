@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from speclab.errors import SpeclabError
-from speclab.load import fingerprint, scrape, shapes, stats, tokens
+from speclab.load import client, fingerprint, scrape, shapes, stats, tokens
 from speclab.load.client import RequestRecord
 from speclab.ports import free_port
 
@@ -593,6 +593,31 @@ def test_latency_agreement_sets_rounds_beside_the_servers_per_step_itl():
     assert scrape.one_token_chunks({"mean_tokens_per_chunk": 1.0}) and not scrape.one_token_chunks({})
 
 
+def test_scrape_acceptance_per_workload_tag_over_a_window():
+    def text(code, json_):
+        lines = []
+        for name, i in (("drafts", 0), ("draft_tokens", 1), ("accepted_tokens", 2)):
+            lines += [f"# TYPE vllm:spec_decode_num_{name} counter",
+                      f'vllm:spec_decode_num_{name}_total{{engine="0"}} {code[i] + json_[i]}']
+            lines.append(f"# TYPE speclab:workload_spec_decode_num_{name} counter")
+            lines += [f'speclab:workload_spec_decode_num_{name}_total{{engine="0",workload="{w}"}} {v[i]}'
+                      for w, v in (("code", code), ("json", json_))]
+        lines.append("# TYPE speclab:workload_spec_decode_num_accepted_tokens_per_pos counter")
+        lines += [f'speclab:workload_spec_decode_num_accepted_tokens_per_pos_total{{engine="0",workload="{w}",'
+                  f'position="{p}"}} {v[3][p]}' for w, v in (("code", code), ("json", json_)) for p in range(2)]
+        return "\n".join(lines) + "\n"
+
+    before = scrape.parse(text((10, 20, 8, [5, 3]), (4, 8, 7, [4, 3])))
+    after = scrape.parse(text((20, 40, 12, [8, 4]), (4, 8, 7, [4, 3])))
+    by = scrape.window(before, after)["spec_decode_by_workload"]
+    assert set(by) == {"code"}  # json drafted nothing in the window
+    assert (by["code"]["drafts"], by["code"]["draft_tokens"], by["code"]["accepted_tokens"]) == (10, 20, 4)
+    assert by["code"]["accepted_per_position"] == [3, 1]
+    assert by["code"]["acceptance_rate"] == pytest.approx(0.2) and by["code"]["mean_acceptance_length"] == 1.4
+    assert scrape.window(None, scrape.parse(_vllm_metrics(1, 4, 2, [1], 3)))["spec_decode_by_workload"] is None
+    assert client.workload_tag("math reasoning") == "math_reasoning" and client.workload_tag("") == "_"
+
+
 def test_scrape_plain_server_and_sglang_gauges():
     plain = "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{engine=\"0\"} 10\n"
     w = scrape.window(scrape.parse(plain), scrape.parse(plain.replace(" 10", " 42")))
@@ -961,6 +986,13 @@ def _check_tokens(res):
             continue
         assert spec["accepted_tokens"] == sum(s["accepted_tokens"] for s in per_request)
         assert spec["draft_tokens"] == sum(s["drafted_tokens"] for s in per_request)
+        # each request carried its workload as a tag: the server's counters per tag are its requests' sums
+        by = lv["server"]["spec_decode_by_workload"]
+        assert set(by) == {r["category"] for r in lv["requests"]} == {"json", "code"}
+        for w, s in by.items():
+            mine = [r["speculation"] for r in lv["requests"] if r["category"] == w]
+            assert (s["draft_tokens"], s["accepted_tokens"]) == (sum(x["drafted_tokens"] for x in mine),
+                                                                 sum(x["accepted_tokens"] for x in mine)), w
 
 
 @pytest.mark.slow
