@@ -1294,3 +1294,55 @@ def test_a_server_whose_free_port_was_taken_starts_again_on_another(monkeypatch)
             servers.start_server("health", build, taken, None, 30)
     finally:
         busy.close()
+
+
+def test_fresh_prompts_are_unique_in_their_first_block():
+    """Fresh mode: request i's prompt is the workload's prompt behind a nonce of its own; no two share their first
+    16 tokens (the block a prefix cache matches on), the same salt gives the same prompts, another salt others."""
+    from speclab.load.prompts import FreshOrder, load_prompts
+    from speclab.models import load_model
+
+    base = load_prompts("json,code")[:3]
+    fresh = FreshOrder(base, "s1")
+    prompts = [fresh[i] for i in range(12)]
+    assert len({p.id for p in prompts}) == len({p.prompt for p in prompts}) == 12
+    assert all(p.prompt.endswith(base[i % 3].prompt) and p.category == base[i % 3].category
+               for i, p in enumerate(prompts))
+    assert fresh.sent == {p.id: p.prompt for p in prompts}
+    assert [FreshOrder(base, "s1")[i].prompt for i in range(12)] == [p.prompt for p in prompts]
+    assert not {FreshOrder(base, "s2")[i].prompt for i in range(12)} & {p.prompt for p in prompts}
+    enc = load_model("target", device="cpu", role="target").encode
+    blocks = [tuple(enc(p.prompt)[:16]) for p in prompts]
+    assert len(set(blocks)) == 12
+
+
+def test_fresh_prompt_mode_leaves_the_prefix_cache_nothing(tmp_path):
+    """speclab load --prompt-mode fresh against speclab serve: the server finds none of the prompt tokens in its
+    prefix cache, where the same load repeating its prompts finds some."""
+    import json as _json
+
+    pytest.importorskip("fastapi")
+    from speclab.cli import main
+    from speclab.engine import Off
+    from speclab.models import load_model
+    from speclab.serve.app import Server
+    from speclab.serve.inprocess import InProcessServer
+
+    target = load_model("target", device="cpu", role="target")
+    with InProcessServer(Server(target, None, Off(), served_name="target", engine_cores=1)) as srv:
+        hit = {}
+        for mode in ("repeat", "fresh"):
+            out = tmp_path / f"{mode}.json"
+            rc = main(["load", srv.url, "--workload", "json", "--num-requests", "8", "--concurrency", "2",
+                       "--max-tokens", "4", "--quiet", "--prompt-mode", mode, "--json", str(out)])
+            assert rc == 0
+            res = _json.loads(out.read_text())
+            assert res["prompt_mode"] == mode
+            lv = res["levels"][0]
+            assert lv["summary"]["failed"] == 0
+            hit[mode] = lv["server"]["prefix_cache"]
+            ids = [r["prompt_id"] for r in lv["requests"]]
+            if mode == "fresh":
+                assert len(set(ids)) == 8 and set(lv["fresh_prompts"]) == set(ids)
+    assert hit["repeat"]["hits"] > 0  # some prompts, or their first blocks, came again
+    assert hit["fresh"]["queries"] > 0 and hit["fresh"]["hits"] == 0
