@@ -558,8 +558,8 @@ def test_adaptive_policy_starts_from_calibrated_step_costs(models):
     core, whose scheduler then refines the same tables online (here on a thread, so the object is shared). Calibrated
     as the server does it (the fastest of a few runs, by the thread's CPU time on one thread). With one wall-clock run
     a shape failed once in CI. Replayed beside two busy processes, that calibration read verifies of
-    3-5 tokens at 4x their time, and goodput rightly stayed off for the request's 12 tokens in 20 of 20 runs. Before that
-    it drafted there only because its first plain step online, as slow, became the estimate."""
+    3-5 tokens at 4x their time, and goodput rightly stayed off for the request's 12 tokens in 20 of 20 runs. Before
+    that it drafted there only because its first plain step online, as slow, became the estimate."""
     import torch
 
     from speclab.engine import make_policy

@@ -228,9 +228,10 @@ def test_cores_that_keep_dying_end_the_server_with_one_line(dp_server):
     while srv.proc.poll() is None and kills < 5:
         children = engine_children(srv.proc.pid)
         if children:
-            os.kill(children[0], signal.SIGKILL)
+            victim = children[0]
+            os.kill(victim, signal.SIGKILL)
             kills += 1
-            wait_for(lambda: srv.proc.poll() is not None or children[0] not in engine_children(srv.proc.pid), 30,
+            wait_for(lambda v=victim: srv.proc.poll() is not None or v not in engine_children(srv.proc.pid), 30,
                      "a killed core stayed")
         time.sleep(0.3)
     assert srv.proc.wait(60) == 1, srv.output()[-2000:]

@@ -66,7 +66,7 @@ def test_spec_decode_counters_per_workload_tag():
                httpx.post(url, json={"prompt": "hi", "metadata": "code"}, timeout=30)]
     assert {k[1] for k in m} == {"code", "json", "_other"}
     for label, members in (("code", [0, 2]), ("json", [1, 5]), ("_other", [4])):
-        def total(key):
+        def total(key, members=members):
             return sum(specs[i][key] for i in members)
 
         assert m[("speclab:workload_requests_total", label, None, "length")] == len(members)

@@ -157,7 +157,8 @@ def load_tables(results: dict[str, dict]):
             server = lv.get("server") or {}
             sd = server.get("spec_decode") or {}
             # the whole level, then each workload tag the server counted apart (speclab serve: speclab:workload_*)
-            for workload, s in ([("all", sd)] if sd else []) + list((server.get("spec_decode_by_workload") or {}).items()):
+            tags = list((server.get("spec_decode_by_workload") or {}).items())
+            for workload, s in ([("all", sd)] if sd else []) + tags:
                 acc.append(dict(policy=name, load=lv["level"]["label"], workload=workload,
                                 acceptance_rate=s.get("acceptance_rate"),
                                 mean_acceptance_length=s.get("mean_acceptance_length"),

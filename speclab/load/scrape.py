@@ -132,8 +132,8 @@ def window(before: dict | None, after: dict) -> dict:
         a = _value(after, name)
         return None if a is None else a - (_value(before, name) or 0.0)
 
-    out: dict = {"spec_decode": None, "spec_decode_by_workload": None, "sglang": None, "generation_tokens": delta(GENERATION_TOKENS),
-                 "prefix_cache": None, "server_latency_ms": {}}
+    out: dict = {"spec_decode": None, "spec_decode_by_workload": None, "sglang": None,
+                 "generation_tokens": delta(GENERATION_TOKENS), "prefix_cache": None, "server_latency_ms": {}}
     pq, ph = delta(PREFIX["queries"]), delta(PREFIX["hits"])
     if pq is not None and ph is not None:
         out["prefix_cache"] = {"queries": pq, "hits": ph, "hit_rate": ph / pq if pq else None}

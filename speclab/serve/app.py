@@ -44,11 +44,11 @@ from .prom import ServerMetrics
 from .protocol import (
     DONE,
     FINISH,
+    TAG_HEADER,
     APIError,
     Formatter,
     ModelInfo,
     bad,
-    TAG_HEADER,
     new_id,
     parse_body,
     parse_chat,
@@ -240,6 +240,15 @@ class Server:
         detok = IncrementalText(self.decode, g.stop)
         split = self.split
         first = True
+        # continuous usage stats: (prompt tokens, tokens sent so far) -> each chunk's usage
+        counts = [len(g.prompt_ids), 0] if g.continuous_usage else None
+
+        def so_far(n: int) -> dict | None:
+            if counts is None:
+                return None
+            counts[1] += n
+            return {"prompt_tokens": counts[0], "completion_tokens": counts[1], "total_tokens": counts[0] + counts[1]}
+
         try:
             if fmt.kind == "chat":
                 yield fmt.role_chunk()
@@ -247,12 +256,14 @@ class Server:
                 what, payload, req = await h.get()
                 if what == TOKENS:
                     if split:
-                        yield "".join(fmt.chunk(detok.push((t,)), [t]) for t in payload)
+                        yield "".join(fmt.chunk(detok.push((t,)), [t], usage=so_far(1)) for t in payload)
                     else:
                         text = detok.push(payload)
                         if not (text or g.return_token_ids):
+                            if counts is not None:
+                                counts[1] += len(payload)  # counted in the next chunk's usage
                             continue
-                        yield fmt.chunk(text, payload)
+                        yield fmt.chunk(text, payload, usage=so_far(len(payload)))
                     if first:
                         first = False
                         self.engine.first_written(h, time.perf_counter())
@@ -263,12 +274,13 @@ class Server:
                 out = []
                 last = payload
                 if split and len(payload) > 1:
-                    out += [fmt.chunk(detok.push((t,)), [t]) for t in payload[:-1]]
+                    out += [fmt.chunk(detok.push((t,)), [t], usage=so_far(1)) for t in payload[:-1]]
                     last = payload[-1:]
                 text = detok.push(last) if last else ""
                 text += detok.finish(req.generated, req.stop_at)
                 sr = stop_reason(req, self.lm.decode(req.generated)) if req.finish_reason == "stop" else None
-                out.append(fmt.chunk(text, list(last), FINISH.get(req.finish_reason, "abort"), sr))
+                out.append(fmt.chunk(text, list(last), FINISH.get(req.finish_reason, "abort"), sr,
+                                     usage=so_far(len(last))))
                 if g.include_usage:
                     out.append(fmt.usage_chunk(req))
                 out.append(DONE)

@@ -13,7 +13,8 @@ Parameters (both endpoints): ``model`` (optional; must be the served name), ``ma
 default 16, as OpenAI and vLLM; chat: ``max_completion_tokens`` or ``max_tokens``, default the rest of
 the context, as vLLM), ``temperature`` (default 1.0; 0 = greedy), ``top_p`` (default 1), ``top_k`` (default
 0 = off; -1 also means off, as vLLM), ``seed`` (default: a fresh one), ``stop`` (a string or a list),
-``stream``, ``stream_options.include_usage``, ``n`` (must be 1), ``ignore_eos`` and ``return_token_ids``
+``stream``, ``stream_options.include_usage`` and ``stream_options.continuous_usage_stats`` (vLLM's: a running
+``usage`` in every chunk), ``n`` (must be 1), ``ignore_eos`` and ``return_token_ids``
 (vLLM extensions: keep going past EOS; add the token ids to every choice). ``prompt`` is a string, a
 list of token ids, or a one-element list of either. Chat ``messages`` are rendered by the model's chat
 template (:meth:`speclab.models.LM.apply_chat`; the family has none and uses
@@ -101,6 +102,7 @@ class GenRequest:
     include_usage: bool
     ignore_eos: bool
     return_token_ids: bool
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage so far in every chunk
 
 
 TAG_HEADER = "x-workload"  # a request's workload tag, as a header (e.g. set by a gateway per endpoint)
@@ -181,6 +183,7 @@ def _common(body: dict, info: ModelInfo, prompt_ids: list[int], prompt_param: st
     stream = _typed(body, "stream", (bool,), "true or false", False)
     opts = _typed(body, "stream_options", (dict,), "an object", {})
     include_usage = _typed(opts, "include_usage", (bool,), "true or false", False)
+    continuous = _typed(opts, "continuous_usage_stats", (bool,), "true or false", False)
     ignore_eos = _typed(body, "ignore_eos", (bool,), "true or false", False)
     return_ids = _typed(body, "return_token_ids", (bool,), "true or false", False)
     if max_tokens is None:  # chat: the rest of the context
@@ -195,7 +198,7 @@ def _common(body: dict, info: ModelInfo, prompt_ids: list[int], prompt_param: st
     except SpeclabError as e:
         raise bad(str(e), param, "context_length_exceeded") from None
     return GenRequest(kind, prompt_ids, max_tokens, SamplingParams(float(temperature), int(top_k), float(top_p)),
-                      seed, tuple(s for s in stop if s), stream, include_usage, ignore_eos, return_ids)
+                      seed, tuple(s for s in stop if s), stream, include_usage, ignore_eos, return_ids, continuous)
 
 
 def _token_ids(ids: list, info: ModelInfo) -> list[int]:
@@ -340,12 +343,16 @@ class Formatter:
         return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}])
 
-    def chunk(self, text: str, ids: list[int] | None, finish: str | None = None, stop_reason=None) -> str:
+    def chunk(self, text: str, ids: list[int] | None, finish: str | None = None, stop_reason=None,
+              usage: dict | None = None) -> str:
+        """One chunk; with ``usage`` (continuous usage stats) the request's token counts so far ride along."""
         if finish is not None or self.prompt_ids is not None:
-            return self._chunk([self._choice(text, ids, finish, stop_reason)])
+            return self._chunk([self._choice(text, ids, finish, stop_reason)], **({"usage": usage} if usage else {}))
         out = self._pre + json.dumps(text, ensure_ascii=False) + self._mid
         if self.return_ids and ids is not None:
             out += ',"token_ids":[' + ",".join(map(str, ids)) + "]"
+        if usage is not None:
+            return out + '}],"usage":' + json.dumps(usage, separators=(",", ":")) + "}\n\n"
         return out + "}]}\n\n"
 
     def usage_chunk(self, req) -> str:
