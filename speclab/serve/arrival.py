@@ -9,8 +9,8 @@ must count both, as a client does:
 
 * the event loop waking up to read it: on a machine whose cores the engine holds, about 1 ms (with both
   engine cores busy on two CPUs: the mean over 64 requests at 2-32 streams, 5-10% of a 7-12 ms TTFT). Stamped
-  at the read, the server's TTFT missed it and read 5-10% under a client's from two streams on. The kernel's receive timestamp (``SO_TIMESTAMPNS``, Linux) is taken when the
-  packet arrives, whoever holds the CPUs;
+  at the read, the server's TTFT missed it and read 5-10% under a client's from two streams on. The kernel's
+  receive timestamp (``SO_TIMESTAMPNS``, Linux) is taken when the packet arrives, whoever holds the CPUs;
 * a burst of requests parsed one after another on the loop: stamped in the app instead, the last of 32 requests
   sent together started its clock after the other 31 had been parsed, tokenised and submitted (measured: 5-16 ms
   of TTFT the server did not see at 8-32 concurrent requests).
