@@ -799,7 +799,7 @@ def test_faults_become_failed_requests_with_reasons(faulty_server, model, kind, 
 
     t0 = time.perf_counter()
     res = _run(faulty_server, model)
-    assert time.perf_counter() - t0 < 8  # per-request timeout 1 s, two at a time: never hangs
+    assert time.perf_counter() - t0 < 60  # per-request timeout 1 s, two at a time: never hangs (a hang is 3600 s)
     s = res["levels"][0]["summary"]
     assert (s["completed"], s["failed"]) == (0, 2)
     assert s["failures"] == {kind: 2}
@@ -849,8 +849,9 @@ def test_budgets_by_hand():
 
 
 def test_times_start_when_the_request_is_on_the_wire(faulty_server):
-    """The client's own delay before its request is written (here a request hook that sleeps 0.3 s, as a
-    busy event loop would) is kept apart as send_wait; TTFT and E2E start when the server can see the request."""
+    """The client's own delay before its request is written (here a request hook that sleeps 1.5 s, as a
+    busy event loop would) is kept apart as send_wait; TTFT and E2E start when the server can see the request (the
+    server answers at once: well under the hook's 1.5 s, even on a busy machine)."""
     import asyncio
 
     import httpx
@@ -859,7 +860,7 @@ def test_times_start_when_the_request_is_on_the_wire(faulty_server):
     from speclab.load.stats import summarize
 
     async def slow(request):
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.5)
 
     async def go():
         async with httpx.AsyncClient(event_hooks={"request": [slow]}) as client:
@@ -867,12 +868,12 @@ def test_times_start_when_the_request_is_on_the_wire(faulty_server):
             return await send(client, Endpoint(faulty_server, model="ok", timeout=5.0, max_tokens=3), "hi", rec)
 
     rec = asyncio.run(go())
-    assert rec.ok and rec.send_wait >= 0.3 and rec.sent == pytest.approx(1.0 + rec.send_wait)
-    assert 0 < rec.chunk_times[0] < 0.2  # the server's first chunk comes within ms of the request
+    assert rec.ok and rec.send_wait >= 1.5 and rec.sent == pytest.approx(1.0 + rec.send_wait)
+    assert 0 < rec.chunk_times[0] < 1.5  # counted from the wire, not from the call (that would be >= 1.5 s)
     assert rec.done_time >= rec.chunk_times[-1]
     rec.output_tokens = 3
     s = summarize([rec], 1.0)
-    assert s["send_wait_ms"]["mean"] >= 300 and s["ttft_ms"]["mean"] < 200
+    assert s["send_wait_ms"]["mean"] >= 1500 and s["ttft_ms"]["mean"] < 1500
 
 
 def test_duration_deadline_cancels_stragglers(faulty_server):
@@ -880,13 +881,13 @@ def test_duration_deadline_cancels_stragglers(faulty_server):
 
     t0 = time.perf_counter()
     res = _run(faulty_server, "hang", n=None, timeout=2.0, duration=0.3)
-    assert time.perf_counter() - t0 < 4  # stops sending at the duration; the stuck requests time out
+    assert time.perf_counter() - t0 < 60  # stops sending at the duration; the stuck requests time out (no 3600 s hang)
     s = res["levels"][0]["summary"]
     assert s["completed"] == 0 and s["failed"] == 2  # two clients, each stuck in its first request
     assert s["failures"] == {"timeout": 2}
     t0 = time.perf_counter()
     res = _run(faulty_server, "hang", n=4, timeout=60.0, deadline=0.5)
-    assert time.perf_counter() - t0 < 3  # the level's hard deadline cancels what is still running
+    assert time.perf_counter() - t0 < 30  # the level's hard deadline cancels what is still running (timeout 60 s)
     assert res["levels"][0]["summary"]["failures"] == {"deadline": 2}
 
 
@@ -900,7 +901,7 @@ def test_dead_url_cli_fails_fast_with_reasons(tmp_path, capsys):
     t0 = time.perf_counter()
     rc = main(["load", f"http://127.0.0.1:{free_port()}", "--num-requests", "3", "--timeout", "5", "--quiet",
                "--json", str(out)])
-    assert time.perf_counter() - t0 < 20
+    assert time.perf_counter() - t0 < 60  # refused connections fail at once: never hangs
     assert rc == 1
     res = _json.loads(out.read_text())
     s = res["levels"][0]["summary"]

@@ -913,9 +913,9 @@ def test_health_says_503_until_the_engine_core_is_ready(models, monkeypatch):
             assert not waiting.done()
             gate.set()
             deadline = time.monotonic() + 30
-            while httpx.get(srv.url + "/health", timeout=2).status_code != 200 and time.monotonic() < deadline:
+            while httpx.get(srv.url + "/health", timeout=30).status_code != 200 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert httpx.get(srv.url + "/health", timeout=2).status_code == 200
+            assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
             r = waiting.result(timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     finally:
