@@ -117,12 +117,13 @@ def test_guidellm_completes_a_run_and_counts_what_the_server_counted(tmp_path):
 @pytest.mark.slow
 def test_vllm_bench_serve_completes_a_run_against_speclab_serve(tmp_path):
     from speclab.family import DEFAULT_TARGET, resolve
-    from speclab.load import scrape
+    from speclab.load import scrape, vllm_bench
     from speclab.load.servers import vllm_venv
     from speclab.ports import free_port
 
     venv = vllm_venv(None)
-    if venv is None or not (Path(venv) / "bin" / "vllm").exists():
+    if venv is None or subprocess.run([str(Path(venv) / "bin" / "python"), "-c", "import vllm.benchmarks.serve"],
+                                      capture_output=True, timeout=300).returncode:
         pytest.skip("no vLLM venv with vllm installed (scripts/setup_vllm)")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -130,11 +131,9 @@ def test_vllm_bench_serve_completes_a_run_against_speclab_serve(tmp_path):
     try:
         _healthy(url, proc)
         before = scrape.parse(httpx.get(url + "/metrics", timeout=30).text)
-        cmd = [str(Path(venv) / "bin" / "vllm"), "bench", "serve", "--backend", "openai", "--base-url", url,
-               "--model", "target", "--tokenizer", str(resolve(DEFAULT_TARGET)), "--dataset-name", "random",
-               "--random-input-len", "64", "--random-output-len", "32", "--num-prompts", "16",
-               "--max-concurrency", "4", "--ignore-eos", "--save-result", "--result-dir", str(tmp_path),
-               "--result-filename", "vllm.json"]
+        cmd = vllm_bench.command(venv, url, model="target", tokenizer=str(resolve(DEFAULT_TARGET)), prompts=16,
+                                 concurrency=4, input_len=64, output_len=32, result_dir=str(tmp_path),
+                                 result_file="vllm.json")
         run = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True,
                              text=True, timeout=900)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
