@@ -1087,7 +1087,8 @@ def test_bench_serve_checks_its_speculative_config_with_the_servers_parser():
 @pytest.mark.slow
 def test_cli_errors_are_one_line():
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    for args in (["--speculative-config", '{"method": "eagle"}'],):
+    for args in (["--speculative-config", '{"method": "eagle"}'], ["--request-timeout", "0"],
+                 ["--stream-stall-timeout", "-1"], ["--max-workload-tags", "-1"]):
         r = subprocess.run([sys.executable, "-m", "speclab", "serve", "--port", str(free_port()), *args], cwd=ROOT,
                            env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2, (args, r.stderr)
