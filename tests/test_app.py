@@ -464,7 +464,8 @@ def test_load_tab_measures_its_own_server_and_reads_the_pacing(models):
     assert (table["failed"] == 0).all() and (table["tok_s"] > 0).all()
     assert set(table[table["policy"] == "off"]["verdict"]) == {"plain"}
     assert set(table[table["policy"] == "fixed"]["verdict"]) == {"speculative"}
-    assert len(acc) == 2 and (acc["policy"] == "fixed").all() and (acc["acceptance_rate"] > 0).all()
+    assert len(acc) == 4 and (acc["policy"] == "fixed").all() and (acc["acceptance_rate"] > 0).all()
+    assert sorted(acc["workload"]) == ["all", "all", "json", "json"]  # the level, and the one workload tag it sent
 
 
 def test_load_tab_dead_server_is_one_line(models):

@@ -138,6 +138,9 @@ def _serve_parser(sub) -> None:
                    "/work/vllm-venv)")
     p.add_argument("--prefix-caching", choices=("on", "off"), default="on", help="the speclab servers' prefix "
                    "caching (default on, as both servers default)")
+    p.add_argument("--prompt-mode", choices=("repeat", "fresh"), default=None, help="fresh: each request's prompt "
+                   "unique, so no prefix cache helps (default with --peer vllm); repeat: the workload's prompts again "
+                   "and again (default otherwise)")
     p.set_defaults(speculative_config=None)
 
 
