@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 # at import time, not inside load_model: transformers resolves these names lazily, and two threads resolving
-# them at once (two app sessions loading models) can see a half-initialised module ("cannot import name")
+# them at once (two app users loading models) can see a half-initialised module ("cannot import name")
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
@@ -100,7 +100,7 @@ def load_model(spec: str, *, device: str | torch.device | None = None, dtype: to
         raise SpeclabError(f"unknown {what} '{spec}': not a shipped model ({known}), "
                            f"not a local directory, not a hub id")
     # one load at a time: from_pretrained builds on torch's global meta-device context, which two threads
-    # (two app sessions) would corrupt for each other ("cannot copy out of meta tensor")
+    # (two app users) would corrupt for each other ("cannot copy out of meta tensor")
     with _LOAD_LOCK:
         try:
             tok, config = _from_cache_or_hub(lambda offline: _tokenizer_and_config(source, offline), spec, what,
