@@ -160,5 +160,7 @@ def attention_implementation(config) -> str:
     whatever the checkpoint's config asks for."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    if getattr(config, "attn_logit_softcapping", None):  # SDPA would silently skip the soft cap (Gemma-2/3)
+        return "eager"
     cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     return "sdpa" if cls is None or getattr(cls, "_supports_sdpa", False) else "eager"
