@@ -111,10 +111,34 @@ def test_custom_models_need_the_flag(tiny):
 
 def test_no_target_is_a_message_not_a_crash(monkeypatch):
     monkeypatch.setattr(config, "_family", lambda: [])
-    cfg = config.AppConfig.build()
+    cfg = config.AppConfig.build(presets=False)
     assert cfg.targets == () and cfg.default_target is None and cfg.default_draft == "ngram"
     with pytest.raises(SpeclabError, match="--target"):
         decode.validate_decode(cfg, "hello", None, "ngram", 2, 1, 0, 1, 8, 0)
+    # the hub presets are offered, never the default: the first screen must not start a download
+    cfg = config.AppConfig.build()
+    assert cfg.default_target is None and cfg.default_draft == "ngram" and "qwen2.5-7b" in cfg.targets
+    with pytest.raises(SpeclabError, match="--target"):
+        decode.validate_decode(cfg, "hello", None, "ngram", 2, 1, 0, 1, 8, 0)
+
+
+def test_presets_are_offered_with_their_download_and_fail_offline_in_one_line(tiny, monkeypatch):
+    from speclab.app.ui.common import label
+
+    cfg = config.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
+    assert cfg.default_target == tiny["target"] and cfg.default_draft == tiny["draft"]
+    assert {"smollm2-360m", "qwen2.5-7b", "llama-3.1-8b"} <= set(cfg.targets) & set(cfg.drafts)
+    assert cfg.drafts[-2:] == ("ngram", "none")
+    assert label("qwen2.5-7b", "target").startswith("qwen2.5-7b: Qwen/Qwen2.5-7B-Instruct (hub, ~15.2 GB")
+    assert label("qwen2.5-7b", "draft").startswith("qwen2.5-7b: Qwen/Qwen2.5-0.5B-Instruct (hub, ~1.0 GB")
+    monkeypatch.setenv("SPECLAB_PRESETS", "0")
+    assert "qwen2.5-7b" not in config.AppConfig.from_env(target=tiny["target"]).targets
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    s = decode.validate_decode(cfg, "hello", "qwen2.5-7b", "ngram", 2, 1, 0, 1, 8, 0)
+    with pytest.raises(SpeclabError, match=r"preset 'qwen2.5-7b' needs Qwen/Qwen2.5-7B-Instruct .*HF_HUB_OFFLINE.*"
+                                           r"embedded family works offline") as e:
+        list(decode.run_decode(cfg, s))
+    assert "\n" not in str(e.value)
 
 
 def test_batch_rows_and_sweep_validation(tiny):
