@@ -115,6 +115,14 @@ def make_drafter(spec: str | None, target, load=load_model, **kw):
         return cls(target, module, cfg, tree, name=low)
     tree = _tree(opts)
     _no_more(base, opts)
+    from .speculators import is_speculators_dir
+
+    if is_speculators_dir(base):  # an EAGLE-3 head in the speculators format (vLLM's, SGLang's)
+        from .heads import EagleDrafter
+        from .speculators import load_speculators
+
+        module, cfg = load_speculators(base, target)
+        return EagleDrafter(target, module, cfg, tree, name="eagle3")
     draft = load(base, device=target.device, dtype=target.dtype, role="draft")
     check_same_tokenizer(target, draft)
     return ModelDrafter(draft, target.vocab_size, tree)

@@ -8,7 +8,29 @@ import json
 from .args import add_train_arguments
 
 
+def cmd_presets(args) -> int:
+    from ..models.presets import rows
+
+    table = rows()
+    if args.json:
+        print(json.dumps(table, indent=2))
+        return 0
+    for r in table:
+        size = f"{r['target_parameters'] / 1e9:.2f}B <- {r['draft_parameters'] / 1e9:.2f}B"
+        print(f"{r['name']:<14} {r['target']} <- {r['draft']}  ({size})")
+        if r["eagle3_head"]:
+            print(f"{'':<14} EAGLE-3 head: {r['eagle3_head']}")
+        if r["published"]:
+            print(f"{'':<14} published: {r['published']} [{r['source']}]")
+        for note in r["notes"]:
+            print(f"{'':<14} note: {note}")
+    print("use a name as --target (the pair's target) or --draft (its draft); downloads on first use")
+    return 0
+
+
 def cmd_models(args) -> int:
+    if args.presets:
+        return cmd_presets(args)
     from . import list_models
 
     models = list_models()
@@ -41,8 +63,10 @@ def cmd_train(args) -> int:
 
 def add_commands(subparsers) -> None:
     """Register ``models`` and ``train`` on an argparse subparsers object."""
-    m = subparsers.add_parser("models", help="list the embedded model family")
+    m = subparsers.add_parser("models", help="list the embedded model family (--presets: the curated hub pairs)")
     m.add_argument("--json", action="store_true", help="print a JSON list")
+    m.add_argument("--presets", action="store_true",
+                   help="list the curated hub pairs (SmolLM2, Qwen2.5, Llama 3.x) usable as --target/--draft names")
     m.set_defaults(func=cmd_models)
 
     t = subparsers.add_parser("train", help="rebuild corpus, tokenizer and every family model from a seed",

@@ -102,10 +102,14 @@ def restate(gate: jobs.StopGate, said: str):
     return said if gate.idle else gr.skip()
 
 
-def label(name: str) -> str:
-    """How a model is named in the page: the family's label for it, a directory's last part, or as given."""
+def label(name: str, role: str = "target") -> str:
+    """How a model is named in the page: the family's label for it, a preset's hub model and download, a
+    directory's last part, or as given."""
     if name in config.DRAFT_LABELS:
         return config.DRAFT_LABELS[name]
+    hub = config.preset_label(name, role)
+    if hub is not None:
+        return hub
     return os.path.basename(os.path.normpath(name)) if os.path.isdir(name) else name
 
 
