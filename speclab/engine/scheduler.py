@@ -574,6 +574,7 @@ class Scheduler:
                                       u_acc[:, :kk] if u_acc is not None else None, u_next, want_probs=want_probs,
                                       reject=self.reject)
             seq = d_tokens
+        t_acc = time.perf_counter() if active else 0.0  # acceptance done: the rest is bookkeeping and events
         block = torch.cat([seq.clamp(min=0), torch.zeros(n, 1, dtype=torch.long, device=dev)], 1)  # (n, kk+1)
         block[r_idx, res.num_accepted] = res.next_token
         self.buf[:n].scatter_(1, start[:, None] + 1 + torch.arange(kk + 1, device=dev)[None], block)
@@ -631,7 +632,7 @@ class Scheduler:
             t3 = time.perf_counter()
             run, wait = n - len(finished), len(self.waiting)
             self.hooks.emit(RoundEvent(self.run_id, self.round, t3, {"draft": t1 - tc - t_admit, "verify": t2 - t1,
-                                                                     "accept": t3 - t2,
+                                                                     "accept": t_acc - t2, "bookkeeping": t3 - t_acc,
                                                                      "other": tc - self.t_last + t_admit},
                                        events, "verify", run, wait))
         done = [rows[b] for b in finished]
