@@ -221,7 +221,7 @@ def run_round(target, drafter, draft_name: str, prompts: list[str], k: int, max_
     fl = Floors(**{f: statistics.median(getattr(x, f) for x in floors) for f in Floors.__dataclass_fields__})
     rep = RoundReport(target.name, draft_name, k, workload, len(prompts), reps, statistics.mean(ctx), threads)
     rep.spec_ms, rep.plain_ms, rep.plain_again_ms = (_medians(logs[n].rows) for n in ("spec", "plain", "plain_again"))
-    rep.draft_steps = k if getattr(drafter, "lm", None) is not None or hasattr(drafter, "head") else 1
+    rep.draft_steps = draft_steps_of(drafter, k)
     rep.floors_ms = {**{f"{p}": fl.phase(p, rep.draft_steps) * 1e3 for p in PHASES},
                      **{f"plain_{p}": fl.plain_phase(p) * 1e3 for p in PHASES},
                      **{f"raw_{f}": getattr(fl, f) * 1e3 for f in Floors.__dataclass_fields__}}
@@ -237,6 +237,48 @@ def run_round(target, drafter, draft_name: str, prompts: list[str], k: int, max_
                   rep.plain_ms["total"], "verify_floor_matmul_ratio": fl.verify_matmul / fl.plain_matmul
                   if fl.plain_matmul else float("nan")}
     return rep
+
+
+# ------------------------------------------------------------------------------------------------ charts
+
+
+def draft_steps_of(drafter, k: int) -> int:
+    """Forwards a round's draft phase runs: k for a model or a head drafting a chain, 1 for a lookup."""
+    return k if getattr(drafter, "lm", None) is not None or hasattr(drafter, "head") else 1
+
+
+def floor_phases(target, drafter, k: int, context: int) -> dict[str, dict[str, float]]:
+    """The floors of a round at k and of a plain step, ms per phase (measured now)."""
+    fl = measure_floors(target, drafter, k, context)
+    steps = draft_steps_of(drafter, k)
+    return {f"floor: round at k={k}": {p: fl.phase(p, steps) * 1e3 for p in PHASES},
+            "floor: plain step": {p: fl.plain_phase(p) * 1e3 for p in PHASES}}
+
+
+def phase_frame(per_round_ms: dict[str, dict[str, float]]):
+    """Long table (method, phase, ms) from {method: {phase: ms per round}}: what :func:`phases_chart` draws."""
+    import pandas as pd
+
+    return pd.DataFrame([{"method": m, "phase": p, "ms": float(v.get(p, 0.0)), "order": i}
+                         for m, v in per_round_ms.items() for i, p in enumerate(PHASES)])
+
+
+def per_round_from_summary(summary: dict) -> dict[str, float]:
+    """A metrics summary's phase totals as ms per verify round (prefill left out)."""
+    rounds = max(1, int(summary.get("rounds") or 0))
+    ph = summary.get("phase_ms") or {}
+    return {p: ph.get(p, 0.0) / rounds for p in PHASES}
+
+
+def phases_chart(df):
+    """Stacked bars: where a round's time goes, phase by phase, each method beside its floor."""
+    import altair as alt
+
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X("sum(ms):Q", title="ms per round"), y=alt.Y("method:N", title=None, sort=None),
+        color=alt.Color("phase:N", sort=list(PHASES)), order=alt.Order("order:Q"),
+        tooltip=["method", "phase", alt.Tooltip("ms:Q", format=".3f")],
+    ).properties(width=520, height=140, title="a round, phase by phase, beside the floor this machine allows")
 
 
 # ------------------------------------------------------------------------------------------------ output
