@@ -2,8 +2,8 @@
 
 Each workload line is ``{"id": ..., "category": ..., "prompt": ...}`` (held-out lines add ``"source"``: the
 package and file the text was taken from). The files live in the repository's one ``datasets/`` folder; an
-installed package carries the same files as ``speclab/datasets/`` (``setup.py`` maps the folder there, so the
-source tree holds no second copy).
+installed package carries the same files as ``speclab/datasets/`` (the build copies the folder there, see
+``setup.py``; the source tree holds one copy).
 
 Spec-Bench / MT-Bench ``question.jsonl`` lines are ``{"question_id", "category", "turns": [...]}``; the
 first turn is the prompt. They are read from a path the user gives (:func:`load_specbench`), and
