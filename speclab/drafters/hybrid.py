@@ -42,15 +42,21 @@ class HybridDrafter:
     def release(self, n: int) -> None:
         self.head.release(n)
 
-    def _lookups(self, ctx: DraftContext, ks) -> list[list[int]]:
+    def _lookups(self, ctx: DraftContext, ks, params) -> list[list[int]]:
+        """Per row, the suffix draft it takes this round, or []: greedy rows only, so a sampled row always drafts
+        with the head and its draws never depend on which rows share its batch."""
+        greedy = getattr(params, "greedy_rows", None) or [True] * ctx.n
         out = []
         for b, seq in enumerate(ctx.host):
-            start, n = self.lookup.match(seq)
-            out.append(self.lookup.draft(seq, ks[b]) if n >= self.min_match and ks[b] else [])
+            found = []
+            if ks[b] and greedy[b]:
+                _, n = self.lookup.match(seq)
+                found = self.lookup.draft(seq, ks[b]) if n >= self.min_match else []
+            out.append(found)
         return out
 
     def propose(self, ctx: DraftContext, ks, params, uniform, want_probs, stop=None) -> Proposal:
-        found = self._lookups(ctx, ks)
+        found = self._lookups(ctx, ks, params)
         n, k, dev = ctx.n, max(ks), ctx.tokens.device
         if all(found):  # every row repeats itself: no head forward this round
             out = torch.full((n, k), -1, dtype=torch.long)
@@ -58,12 +64,22 @@ class HybridDrafter:
                 out[b, :len(cand)] = torch.tensor(cand)
             return Proposal(out.to(dev), torch.tensor([len(c) for c in found], device=dev), None, None)
         prop = self.head.propose(ctx, ks, params, uniform, want_probs, stop)
-        if not any(found) or prop.parents is not None or prop.probs is not None:
-            return prop  # a tree, or sampled rows (their distributions come from the head): the head's draft
+        if not any(found) or prop.parents is not None:
+            return prop  # a tree: the head's draft
         tokens, lengths = prop.tokens.clone(), prop.lengths.clone()
+        probs = prop.probs.clone() if prop.probs is not None else None
+        tprobs = prop.token_probs.clone() if prop.token_probs is not None else None
         for b, cand in enumerate(found):
-            if cand:  # this row repeats itself: the lookup's draft (greedy: scored as one-hot either way)
-                tokens[b] = -1
-                tokens[b, :len(cand)] = torch.tensor(cand, device=dev)
-                lengths[b] = len(cand)
-        return Proposal(tokens, lengths, None, None)
+            if not cand:
+                continue
+            # a greedy row that repeats itself: the suffix draft, scored as one-hot (a deterministic draft)
+            c = torch.tensor(cand, device=dev)
+            tokens[b] = -1
+            tokens[b, :len(cand)] = c
+            lengths[b] = len(cand)
+            if probs is not None:
+                probs[b, :len(cand)] = 0
+                probs[b, torch.arange(len(cand), device=dev), c] = 1
+            if tprobs is not None:
+                tprobs[b, :len(cand)] = 1
+        return Proposal(tokens, lengths, probs, tprobs)
