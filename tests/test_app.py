@@ -415,10 +415,10 @@ def test_sweep_and_timing_bad_input(client, models):
 
 @pytest.mark.slow
 def test_timing_endpoint(client, models):
-    status, gaps, cum, ttft, table = client.predict("def fibonacci(n):\n", models["target"], models["draft"], 4, 24,
-                                                    api_name="/timing")
+    status, gaps, cum, ttft, table, phases = client.predict("def fibonacci(n):\n", models["target"], models["draft"],
+                                                            4, 24, api_name="/timing")
     assert status.startswith("✓"), status
-    assert gaps["type"] == "altair" and ttft["type"] == "altair"
+    assert gaps["type"] == "altair" and ttft["type"] == "altair" and phases["type"] == "altair"
     methods = [r[0] for r in table["data"]]
     assert methods[0] == "baseline (k=0)" and len(methods) == 2
     assert all(r[1] > 0 for r in table["data"])  # TTFT for both
@@ -435,6 +435,9 @@ def test_timing_ttfts_agree_on_a_warm_process(models):
     assert list(r["ttft"]["repeats"]) == [5, 5]
     assert abs(base - spec) <= max(2.0, 0.5 * max(base, spec)), (base, spec)
     assert r["speedup"] is not None and r["speedup"] > 0
+    ph = r["phases"]  # a round phase by phase, each method beside its floor
+    assert {"baseline (k=0)", "floor: plain step"} <= set(ph["method"]) and (ph["ms"] >= 0).all()
+    assert ph[ph["method"] == "baseline (k=0)"]["ms"].sum() > 0
 
 
 @pytest.mark.slow

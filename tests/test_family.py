@@ -109,7 +109,10 @@ def test_models_command(capsys):
     out = json.loads(capsys.readouterr().out)
     assert isinstance(out, list)
     for m in out:
-        assert set(m) == {"name", "role", "parameters", "tokenizer", "path"}
+        assert set(m) == {"name", "role", "parameters", "tokenizer", "path", "acceptance"}
+    if out:  # beside the draft models: the heads, early exit and the lookups
+        roles = {m["role"] for m in out}
+        assert {"EAGLE head", "Medusa heads", "early exit", "prompt lookup", "suffix decoding", "hybrid"} <= roles
 
 
 def test_train_command_sends_heads_to_the_head_trainer_and_the_module_entry_offers_models_only(capsys):

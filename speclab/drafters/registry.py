@@ -8,6 +8,8 @@ Spec strings: a name, then ``:``-separated options (keyword arguments win over t
     early-exit / early-exit:2 / early-exit:3:tuned   the target's first m layers (tuned: a trained exit)
     eagle / eagle:tree=dynamic:nodes=8     the EAGLE head (a chain, or a tree)
     medusa / medusa:tree=static:branch=3-2-1   the Medusa heads
+    suffix / suffix:min_match=2:factor=1   suffix decoding (longest earlier match, draft length follows it)
+    eagle+suffix / eagle+suffix:min_match=3   the suffix draft where the context repeats, the EAGLE head elsewhere
 
 Tree options (every drafter but early exit): ``tree`` = chain | static | dynamic, ``nodes`` (budget cap;
 the round's k also caps it), ``branch`` (static: children per node per depth, e.g. 3-2-1), ``width``
@@ -30,6 +32,8 @@ NONE_NAMES = ("", "none", "off", "baseline")
 LOOKUP_NAMES = ("ngram", "prompt-lookup", "prompt_lookup", "pld")
 EXIT_NAMES = ("early-exit", "early_exit", "layerskip")
 HEAD_NAMES = ("eagle", "medusa")
+SUFFIX_NAMES = ("suffix", "suffix-decoding")
+HYBRID_NAMES = ("eagle+suffix", "hybrid")
 TREE_KEYS = ("tree", "nodes", "branch", "width", "depth", "trunk")
 _OPTION = re.compile(r"^[a-z_]+=[^=]*$|^\d+$|^tuned$")
 
@@ -82,6 +86,24 @@ def make_drafter(spec: str | None, target, load=load_model, **kw):
         tree = _tree(opts)
         return PromptLookupDrafter(**{k: float(v) if k in ("recency", "decay") else int(v) for k, v in opts.items()},
                                    tree=tree)
+    if low in SUFFIX_NAMES:
+        from .suffix import SuffixDrafter
+
+        args = {k: float(v) if k == "factor" else int(v) for k, v in opts.items()
+                if k in ("max_depth", "factor", "min_match")}
+        _no_more(base, {k: v for k, v in opts.items() if k not in args})
+        return SuffixDrafter(**args)
+    if low in HYBRID_NAMES:
+        from .heads import EagleDrafter, load_head
+        from .hybrid import HybridDrafter
+
+        min_match = int(opts.pop("min_match", 3))
+        head = opts.pop("head", None) or "eagle"
+        _no_more(base, opts)
+        module, cfg = load_head(head, target)
+        if cfg.kind != "eagle":
+            raise SpeclabError(f"head '{head}' is a {cfg.kind} head, not eagle")
+        return HybridDrafter(EagleDrafter(target, module, cfg, TreeShape(), name="eagle"), min_match=min_match)
     if low.startswith("synthetic"):
         from .synthetic import SyntheticDrafter
 

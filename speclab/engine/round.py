@@ -130,12 +130,13 @@ class Round:
             sync(dev)
         t2, c2 = time.perf_counter(), clock()
         verdict = self.judge(drafts, out, params, u_acc, u_next)
+        t_acc = time.perf_counter() if self.active else 0.0  # acceptance done: the rest is bookkeeping and events
         finished, events = self.accept(drafts, verdict, ks, why)
         if self.active:
             sync(dev)
             t3 = time.perf_counter()
-            timings = {"draft": t1 - tc - t_admit, "verify": t2 - t1, "accept": t3 - t2,
-                       "other": tc - self.t_last + t_admit}
+            timings = {"draft": t1 - tc - t_admit, "verify": t2 - t1, "accept": t_acc - t2,
+                       "bookkeeping": t3 - t_acc, "other": tc - self.t_last + t_admit}
             self.hooks.emit(RoundEvent(self.run_id, number, t3, timings, events, "verify",
                                        len(rows) - len(finished), waiting))
         done = [rows[b] for b in finished]

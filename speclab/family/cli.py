@@ -31,24 +31,46 @@ def cmd_presets(args) -> int:
 def cmd_models(args) -> int:
     if args.presets:
         return cmd_presets(args)
+    from ..drafters.catalog import drafter_entries, model_acceptance
     from . import list_models
 
     models = list_models()
     keys = ("name", "role", "parameters", "tokenizer", "path")
+    # the draft models, then every drafter that is not one (heads, early exit, lookups), each with its acceptance
+    rows = [{**{k: m[k] for k in keys}, "acceptance": model_acceptance(m["name"])} for m in models]
+    rows += drafter_entries() if models else []
     if args.json:
-        print(json.dumps([{k: m[k] for k in keys} for m in models], indent=2))
+        print(json.dumps(rows, indent=2))
         return 0
     if not models:
         print("no family models shipped yet (run `speclab train`)")
         return 0
-    w = {k: max(len(k), *(len(f"{m[k]:,}" if k == "parameters" else str(m[k])) for m in models)) for k in keys}
+    w = {k: max(len(k), *(len(f"{m[k]:,}" if k == "parameters" else str(m[k])) for m in rows)) for k in keys}
     print("  ".join(k.ljust(w[k]) for k in keys))
-    for m in models:
+    for m in rows:
         cells = [str(m["name"]).ljust(w["name"]), str(m["role"]).ljust(w["role"]),
                  f"{m['parameters']:,}".rjust(w["parameters"]), str(m["tokenizer"]).ljust(w["tokenizer"]),
                  str(m["path"])]
         print("  ".join(cells))
+    _print_acceptance(rows)
     return 0
+
+
+def _print_acceptance(rows: list[dict]) -> None:
+    """Acceptance per workload (greedy, k = 4, measured on the shipped family) of every drafter measured."""
+    from ..drafters.catalog import measured_acceptance
+
+    measured = [r for r in rows if r["acceptance"]]
+    if not measured:
+        return
+    wls = list(dict.fromkeys(w for r in measured for w in r["acceptance"]))
+    info = measured_acceptance()
+    print(f"\nacceptance (greedy, k = {info.get('k', 4)}, {info.get('prompts_per_workload', '?')} prompts per "
+          f"workload; {info.get('command', '')})")
+    nw = max(len(r["name"]) for r in measured)
+    print("drafter".ljust(nw) + "".join(f"{w.replace('heldout_', 'held-out ')[:14]:>15}" for w in wls))
+    for r in measured:
+        print(r["name"].ljust(nw) + "".join(f"{r['acceptance'].get(w, float('nan')):>15.2f}" for w in wls))
 
 
 def cmd_train(args) -> int:
@@ -63,7 +85,8 @@ def cmd_train(args) -> int:
 
 def add_commands(subparsers) -> None:
     """Register ``models`` and ``train`` on an argparse subparsers object."""
-    m = subparsers.add_parser("models", help="list the embedded model family (--presets: the curated hub pairs)")
+    m = subparsers.add_parser("models", help="list the embedded model family and every drafter, with measured "
+                              "acceptance per workload (--presets: the curated hub pairs)")
     m.add_argument("--json", action="store_true", help="print a JSON list")
     m.add_argument("--presets", action="store_true",
                    help="list the curated hub pairs (SmolLM2, Qwen2.5, Llama 3.x) usable as --target/--draft names")
