@@ -45,8 +45,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-H200_GBS = 4800.0  # HBM3e peak, GB/s (the datasheet number speclab.analysis.roofline's h200 preset holds)
+from gpu_round import (PHASES, DeviceRound, expected_tokens, forward_floor_s, kernel_breakdown,  # noqa: E402
+                       kv_bytes, weight_bytes)
+
+# Datasheet peaks by device name: HBM GB/s and dense bf16 TFLOPS (the roofline's two floors). The first name
+# that occurs in torch.cuda.get_device_name() wins; --bandwidth-gbs and --peak-tflops override.
+DEVICE_PEAKS = (("H200", 4800.0, 989.0), ("H100 PCIe", 2000.0, 756.0), ("H100", 3350.0, 989.0),
+                ("A100", 2039.0, 312.0), ("L40S", 864.0, 362.0))
+H200_GBS = DEVICE_PEAKS[0][1]
+H200_TFLOPS = DEVICE_PEAKS[0][2]
 TIE_RTOL = 1e-4  # a next-token mismatch is a summation-order tie when the draw is this close to a CDF step
 PART_BYTES = 15 * 2**20  # what one returned file may hold (the device tool returns files up to 16 MiB)
 
@@ -66,6 +75,12 @@ class Sizes:
     big: dict = field(default_factory=lambda: dict(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192,
                                                    vocab=32000, max_pos=4096))
     big_dtype: str = "bfloat16"
+    # the round section's draft: a small Llama on the target's vocabulary (~24M parameters, most in its head)
+    draft: dict = field(default_factory=lambda: dict(hidden=512, layers=4, heads=8, kv_heads=2, ffn=1536,
+                                                     vocab=32000, max_pos=4096))
+    round_batches: tuple = (1, 8, 16, 32, 64)
+    rounds: int = 30  # rounds timed per batch and mode
+    identity_new: int = 24
     context: int = 512
     reps: int = 50
     k: int = 4
@@ -87,19 +102,23 @@ class Sizes:
         return cls(device="cpu", kernel_cases=((16, 4, 50, False), (16, 3, 64, True), (8, 0, 20, False)),
                    kernel_large=None, kernel_timing=None,
                    big=dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=512, max_pos=512),
-                   big_dtype="float32", context=24, reps=3, batches=(1, 2, 4), prompt_len=8, new_tokens=8,
+                   draft=dict(hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, vocab=512, max_pos=512),
+                   round_batches=(1, 2), rounds=3, identity_new=12, big_dtype="float32", context=24, reps=3, batches=(1, 2, 4), prompt_len=8, new_tokens=8,
                    family_new=8, exact_prompts=2, exact_new=8, train_tiny=True)
 
 
 # name, title, budget on the GPU (s), budget in the dry run (s)
+# The GPU budgets add up to more than the default --budget (540 s): each is a cap for a section that hangs,
+# the whole run stops at --budget, and the sections' usual times are a fraction of their caps.
 SECTIONS = [
     ("env", "environment", 30, 60),
-    ("kernel", "Triton acceptance kernel vs PyTorch reference", 75, 150),
-    ("roofline", "1B-class decode step vs HBM roofline, eager vs CUDA graphs", 90, 120),
-    ("crossover-1b", "speculative vs plain, synthetic drafts, 1B target", 150, 150),
-    ("exactness", "greedy identity (fp32) and bf16 speculative vs plain", 90, 180),
-    ("crossover-family", "speculative vs plain, embedded family", 100, 150),
-    ("compile", "1B decode step with torch.compile + CUDA graphs", 150, 120),
+    ("kernel", "Triton acceptance kernel vs PyTorch reference", 60, 150),
+    ("roofline", "1B-class decode step vs HBM roofline, eager vs CUDA graphs, where the time goes", 75, 120),
+    ("round", "the speculative round taken apart on the device, one CUDA graph per round", 100, 150),
+    ("crossover-1b", "speculative vs plain, synthetic drafts, 1B target", 90, 150),
+    ("exactness", "greedy identity (fp32) and bf16 speculative vs plain", 75, 180),
+    ("crossover-family", "speculative vs plain, embedded family", 75, 150),
+    ("compile", "torch.compile + CUDA graphs: the engine's step and the whole round", 150, 150),
     ("train", "a stronger family trained on the GPU", 540, 240),
 ]
 OPT_IN = ("train",)  # run on the GPU only when asked for with --only
@@ -208,25 +227,24 @@ def random_llama(dims: dict, dev: str, dtype: str, *, copy_head: bool = False, s
     return LM(f"llama-{dims['hidden']}x{dims['layers']}-random", "", model, tok, "native")
 
 
-def weight_bytes(lm) -> int:
-    """Bytes a decode step reads from weights: everything but the embedding table (one row is read);
-    a tied LM head is counted once, as the head."""
-    m = lm.hf_model
-    seen, total = set(), 0
-    emb = m.model.embed_tokens.weight
-    for p in m.parameters():
-        if p.data_ptr() in seen:
-            continue
-        seen.add(p.data_ptr())
-        total += p.numel() * p.element_size()
-    if m.lm_head.weight.data_ptr() != emb.data_ptr():
-        total -= emb.numel() * emb.element_size()
-    return total
+def device_peaks(name: str) -> tuple[float, float] | None:
+    """(HBM GB/s, dense bf16 TFLOPS) of a device by its name, or None for a device not in DEVICE_PEAKS."""
+    for key, gbs, tflops in DEVICE_PEAKS:
+        if key in name:
+            return gbs, tflops
+    return None
 
 
-def kv_bytes(lm, rows: int, slots: int) -> int:
-    c = lm.native.cfg
-    return 2 * c.n_layers * c.n_kv_heads * c.head_dim * slots * rows * lm.native.embed.element_size()
+def resolve_peaks(args) -> None:
+    """Fill --bandwidth-gbs and --peak-tflops the user left out from the device's name (H200's otherwise)."""
+    torch = _torch()
+    found = device_peaks(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
+    gbs, tflops = found or (H200_GBS, H200_TFLOPS)
+    args.peaks_from = "device name" if found else "H200 datasheet (device not in the table)"
+    if args.bandwidth_gbs is None:
+        args.bandwidth_gbs = gbs
+    if args.peak_tflops is None:
+        args.peak_tflops = tflops
 
 
 # ---------------------------------------------------------------------------------------------- env
@@ -248,6 +266,7 @@ def sec_env(part: Part, args, sz: Sizes) -> None:
         info["free_gib"] = round(free / 2**30, 1)
     else:
         info["device"] = "cpu (dry run)" if args.dry_run else "cpu"
+    info.update(bandwidth_gbs=args.bandwidth_gbs, peak_tflops=args.peak_tflops, peaks_from=args.peaks_from)
     part.summary(**info)
     part.row(**{k: v for k, v in info.items() if k in ("device", "torch", "triton", "transformers", "cuda")})
 
@@ -471,6 +490,163 @@ def sec_compile(part: Part, args, sz: Sizes) -> None:
     c = times.get((1, modes[-1][0]))
     part.summary(roofline_ms=floor, compiled_ms=c, fraction_compiled=floor / c if (c and cuda) else None,
                  backend=backend, mode=modes[-1][0])
+
+
+# ---------------------------------------------------------------------------------------------- round
+def round_floors(target, draft, rows: int, k: int, slots: int, args) -> dict:
+    """Floor seconds of a round's forwards: the draft's k steps (the first reads two tokens) and the verify
+    forward of k + 1 tokens per row, each the longer of its HBM read and its matmuls at the peak rate."""
+    f = lambda lm, T, n: forward_floor_s(lm, rows, T, n, args.bandwidth_gbs, args.peak_tflops)  # noqa: E731
+    d = 0.0
+    if k > 0:
+        d = f(draft, 2, slots)["floor_s"] + (k - 1) * f(draft, 1, slots)["floor_s"]
+    v = f(target, k + 1, slots + k)
+    return {"draft_s": d, "verify_s": v["floor_s"], "verify_hbm_s": v["hbm_s"], "verify_matmul_s": v["matmul_s"]}
+
+
+def time_round(part: Part, r: DeviceRound, prompts, sz: Sizes, cuda: bool, floors: dict, label: dict) -> dict:
+    """Eager, then (on CUDA) graphed: phase times and the whole round's time; one row each. Returns
+    {mode: round ms}."""
+    torch = _torch()
+    r.prefill(prompts)
+    snap = r.snapshot()
+    modes = [("eager", False)]
+    if cuda:
+        t0 = time.perf_counter()
+        r.capture()
+        label = dict(label, capture_s=round(time.perf_counter() - t0, 2))
+        modes.append(("cuda graph", True))
+    out = {}
+    floor_ms = (floors["draft_s"] + floors["verify_s"]) * 1e3
+    for mode, graphs in modes:
+        r.restore(snap)
+        ph = r.time_phases(sz.rounds, graphs)
+        r.restore(snap)
+        whole = r.time_whole(sz.rounds, graphs)
+        per_round = float((r.length - prompts.shape[1]).float().mean()) / sz.rounds
+        out[mode] = whole
+        part.row(**label, mode=mode, **{f"{p}_ms": ph[p] for p in PHASES}, phases_ms=ph["round"], round_ms=whole,
+                 floor_ms=floor_ms, fraction=floor_ms / whole, draft_floor_ms=floors["draft_s"] * 1e3,
+                 verify_floor_ms=floors["verify_s"] * 1e3, verify_bound="matmul" if floors["verify_matmul_s"] >
+                 floors["verify_hbm_s"] else "hbm", tokens_per_round=per_round)
+    r.restore(snap)
+    if cuda:
+        torch.cuda.synchronize()
+    return out
+
+
+def sec_round(part: Part, args, sz: Sizes) -> None:
+    """The speculative round of a 1B target and a small draft taken apart (draft steps, verify, acceptance,
+    bookkeeping) at each batch, against its floor, eagerly and as CUDA graphs (one per phase, and one for the
+    whole round); plain decoding through the same code (k = 0) beside it; the speedups at acceptance 0.6 and
+    0.8 that the measured round times imply; greedy identity of the round with graphs on and off."""
+    torch = _torch()
+    dev = sz.device
+    cuda = dev == "cuda" and torch.cuda.is_available()
+    target = random_llama(sz.big, dev, sz.big_dtype, copy_head=True)
+    draft = random_llama(sz.draft, dev, sz.big_dtype, copy_head=True, seed=1)
+    part.summary(target_dims=sz.big, draft_dims=sz.draft, dtype=sz.big_dtype, k=sz.k, context=sz.context,
+                 rounds=sz.rounds, bandwidth_gbs=args.bandwidth_gbs, peak_tflops=args.peak_tflops,
+                 cuda_graphs=cuda, draft_parameters=sum(p.numel() for p in draft.hf_model.parameters()))
+    if not cuda:
+        part.note("cuda graphs: skipped: no CUDA (the phases and rounds run eagerly)")
+    part.note("random weights with copy heads: every draft is accepted (k + 1 tokens a round); a static round's "
+              "time does not depend on acceptance, so speedups at other acceptance rates follow from the times")
+    g = torch.Generator().manual_seed(0)
+    V = target.vocab_size
+    best = "cuda graph" if cuda else "eager"
+    speed: dict[str, dict[int, float]] = {f"{a}": {} for a in sz.alphas}
+    for rows in sz.round_batches:
+        prompts = torch.randint(0, V - 1, (rows, sz.context), generator=g).to(dev)
+        times = {}
+        for k in (0, sz.k):
+            max_len = sz.context + (sz.rounds + 1) * (k + 1) + 1
+            r = DeviceRound(target, draft if k else None, rows, k, max_len)
+            floors = round_floors(target, draft, rows, k, sz.context, args)
+            try:
+                times[k] = time_round(part, r, prompts, sz, cuda, floors, dict(batch=rows, k=k))
+            except Exception as e:  # noqa: BLE001 - one batch failing (memory) leaves the others
+                part.note(f"batch {rows} k={k}: {type(e).__name__}: {str(e)[:300]}")
+            del r
+        if 0 in times and sz.k in times:
+            for a in sz.alphas:
+                sp = expected_tokens(a, sz.k) * times[0][best] / times[sz.k][best]
+                speed[f"{a}"][rows] = sp
+                part.row(batch=rows, k=sz.k, mode=best, alpha=a, speedup=sp,
+                         tokens_per_s=rows * expected_tokens(a, sz.k) / times[sz.k][best] * 1e3,
+                         plain_tokens_per_s=rows / times[0][best] * 1e3)
+        if cuda:
+            torch.cuda.empty_cache()
+    cross = {a: next((b for b, v in sorted(sp.items()) if v < 1.0), None) for a, sp in speed.items()}
+    part.summary(speedup=speed, crossover_batch=cross, batches=list(sz.round_batches), mode=best)
+    del target, draft
+    round_identity(part, sz, cuda)
+
+
+def _round_tokens(target, draft, prompts, k: int, new: int, graphs: bool) -> list[list[int]]:
+    """Every row's first ``new`` generated tokens from DeviceRound (graphed or eager)."""
+    P = prompts.shape[1]
+    r = DeviceRound(target, draft if k else None, prompts.shape[0], k, P + (new + 3) * (k + 1) + 1)
+    r.prefill(prompts)
+    if graphs:
+        r.capture()
+    for _ in range(new):  # at least one token a round
+        r.replay("round") if graphs else r.round()
+    return [row[P:P + new] for row in r.tokens()]
+
+
+def round_identity(part: Part, sz: Sizes, cuda: bool) -> None:
+    """fp32 tiny models (a draft that is a perturbed copy: some drafts accepted, some not): the round, plain and
+    speculative, graphed and eager, against HF generate. bf16 1B: the round with graphs on against off, and
+    speculative against plain."""
+    torch = _torch()
+    from speclab.models import load_model
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_round_"))
+    ok_all = True
+    try:
+        tname, dname, texts = _tiny_models(tmp)
+        tl = load_model(tname, device=sz.device, dtype=torch.float32, role="target")
+        dl = load_model(dname, device=sz.device, dtype=torch.float32, role="draft")
+        prompts = torch.tensor([tl.encode(t)[:8] for t in texts if len(tl.encode(t)) >= 8], device=tl.device)
+        new = sz.identity_new
+        ref = []
+        for row in prompts:
+            gen = tl.hf_model.generate(input_ids=row[None], attention_mask=torch.ones_like(row[None]),
+                                       do_sample=False, max_new_tokens=new, eos_token_id=None,
+                                       pad_token_id=0, min_new_tokens=new)
+            ref.append(gen[0, prompts.shape[1]:].tolist())
+        for graphs in ((False, True) if cuda else (False,)):
+            for k in (0, sz.k):
+                got = _round_tokens(tl, dl, prompts, k, new, graphs)
+                same, share = _agreement(got, ref)
+                ok_all &= same == len(ref)
+                part.row(check=f"{'speculative k=' + str(k) if k else 'plain'} round = HF generate", dtype="fp32",
+                         cuda_graph=graphs, rows_identical=f"{same}/{len(ref)}", tokens_in_common_prefix=share,
+                         ok=same == len(ref))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    part.summary(fp32_identical=ok_all)
+    target = random_llama(sz.big, sz.device, sz.big_dtype)  # no copy head: greedy paths that vary
+    draft = random_llama(sz.draft, sz.device, sz.big_dtype, seed=1)
+    g = torch.Generator().manual_seed(5)
+    prompts = torch.randint(0, target.vocab_size - 1, (4, sz.context), generator=g).to(sz.device)
+    outs = {}
+    for graphs in ((False, True) if cuda else (False,)):
+        for k in (0, sz.k):
+            outs[(graphs, k)] = _round_tokens(target, draft, prompts, k, sz.identity_new, graphs)
+    if cuda:
+        for k in (0, sz.k):
+            same, share = _agreement(outs[(True, k)], outs[(False, k)])
+            part.row(check=f"{'speculative k=' + str(k) if k else 'plain'} round, graph = eager", dtype=sz.big_dtype,
+                     cuda_graph=True, rows_identical=f"{same}/{len(prompts)}", tokens_in_common_prefix=share,
+                     ok=same == len(prompts))
+            part.summary(**{f"graph_equals_eager_k{k}": same == len(prompts)})
+    mode = cuda
+    same, share = _agreement(outs[(mode, sz.k)], outs[(mode, 0)])
+    part.row(check=f"speculative k={sz.k} round = plain round", dtype=sz.big_dtype, cuda_graph=mode,
+             rows_identical=f"{same}/{len(prompts)}", tokens_in_common_prefix=share, ok=same == len(prompts))
+    part.summary(bf16_spec_vs_plain=f"{same}/{len(prompts)}", bf16_tokens_in_common_prefix=share)
 
 
 # ---------------------------------------------------------------------------------------------- crossovers
@@ -809,7 +985,8 @@ def sec_train(part: Part, args, sz: Sizes) -> None:
     part.summary(train_s=round(time.perf_counter() - t0, 1), weights=parts)
 
 
-FUNCS = {"env": sec_env, "kernel": sec_kernel, "roofline": sec_roofline, "crossover-1b": sec_crossover_1b,
+FUNCS = {"env": sec_env, "kernel": sec_kernel, "roofline": sec_roofline, "round": sec_round,
+         "crossover-1b": sec_crossover_1b,
          "exactness": sec_exactness, "crossover-family": sec_crossover_family, "compile": sec_compile,
          "train": sec_train}
 
@@ -825,6 +1002,7 @@ def run_child(args) -> int:
         import torch
 
         torch.set_num_threads(1)
+    resolve_peaks(args)
     part = Part(Path(args.part), args.child)
     try:
         FUNCS[args.child](part, args, sz)
@@ -874,7 +1052,10 @@ def timeouts(args) -> dict:
 def run_section(name: str, args, part_path: Path, limit: float, log) -> tuple[str, float]:
     """The section in its own process; its output goes to stdout and the log. Returns (how it ended, s)."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--part", str(part_path),
-            "--out", str(args.out), "--bandwidth-gbs", str(args.bandwidth_gbs), "--draft-cost", str(args.draft_cost)]
+            "--out", str(args.out), "--draft-cost", str(args.draft_cost)]
+    for flag, v in (("--bandwidth-gbs", args.bandwidth_gbs), ("--peak-tflops", args.peak_tflops)):
+        if v is not None:
+            argv += [flag, str(v)]
     if args.dry_run:
         argv.append("--dry-run")
     if args.no_graphs:
@@ -1009,7 +1190,7 @@ def run_parent(args) -> int:
         return 2
     chosen = select(args)
     limits = timeouts(args)
-    budget = args.budget if args.budget is not None else (600.0 if args.dry_run else 480.0)
+    budget = args.budget if args.budget is not None else (600.0 if args.dry_run else 540.0)
     logf = open(out / "gpu_check.log", "w", encoding="utf-8")
     lock = threading.Lock()
 
@@ -1052,6 +1233,7 @@ def run_parent(args) -> int:
         report["sections"][name] = sec
         if name == "env":
             report["device"] = data.get("summary", {}).get("device")
+            report["bandwidth_gbs"] = data.get("summary", {}).get("bandwidth_gbs", report["bandwidth_gbs"])
         report["wall_s"] = time.perf_counter() - t_start
         report["headline"] = headline(report["sections"], args.dry_run)
         write_outputs(out, report)
@@ -1078,9 +1260,12 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", action="append", default=None, metavar="[NAME=]SECONDS",
                     help="a section's time limit (repeatable; without NAME: every section)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="the whole run's limit in seconds (default 480 on the GPU, 600 dry): a section gets at "
+                    help="the whole run's limit in seconds (default 540 on the GPU, 600 dry): a section gets at "
                          "most what is left")
-    ap.add_argument("--bandwidth-gbs", type=float, default=H200_GBS, help="HBM bandwidth (H200: 4800 GB/s)")
+    ap.add_argument("--bandwidth-gbs", type=float, default=None,
+                    help="HBM bandwidth in GB/s (default: the device's datasheet peak, e.g. H100 3350, H200 4800)")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="dense bf16 matmul peak in TFLOPS (default: the device's, e.g. 989 on an H100 or H200)")
     ap.add_argument("--draft-cost", type=float, default=0.1,
                     help="synthetic draft step cost, as a fraction of the target's decode step as run")
     ap.add_argument("--no-graphs", action="store_true", help="crossovers without CUDA graphs")
