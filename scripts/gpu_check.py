@@ -131,7 +131,8 @@ class Part:
 
     def __init__(self, path: Path, name: str):
         self.path, self.name = path, name
-        self.data = {"name": name, "status": "running", "reason": "", "summary": {}, "rows": [], "notes": []}
+        self.data = {"name": name, "status": "running", "reason": "", "summary": {}, "rows": [], "notes": [],
+                     "tables": {}}
         self.save()
 
     def save(self) -> None:
@@ -146,6 +147,12 @@ class Part:
         self.data["rows"].append(kw)
         self.save()
         self.log("  ".join(f"{k}={_fmt(v)}" for k, v in kw.items()))
+
+    def table(self, name: str, **kw) -> None:
+        """A row of a second table of the section (its own columns: a kernel breakdown, the speedups)."""
+        self.data["tables"].setdefault(name, []).append(kw)
+        self.save()
+        self.log(f"{name}: " + "  ".join(f"{k}={_fmt(v)}" for k, v in kw.items()))
 
     def note(self, msg: str) -> None:
         self.data["notes"].append(msg)
@@ -414,7 +421,8 @@ def step_fns(lm, rows: int, T: int, context: int, *, graphs: bool, capture: bool
 def roofline_rows(part: Part, lm, sz: Sizes, modes: list[tuple[str, dict]], bandwidth: float,
                   tokens: tuple[int, ...]) -> dict:
     """Rows (T, mode, step ms, roofline ms, fraction) for each T in ``tokens`` and each mode (the first
-    mode's logits are the reference of the others'); returns {(T, mode): synced ms}."""
+    mode's logits are the reference of the others'), and for T = 1 where each mode's device time goes;
+    returns {(T, mode): synced ms}."""
     torch = _torch()
     dev = str(lm.device)
     wb = weight_bytes(lm)
@@ -442,6 +450,9 @@ def roofline_rows(part: Part, lm, sz: Sizes, modes: list[tuple[str, dict]], band
                      achieved_gbs=read / (t["synced_ms"] * 1e-3) / 1e9, max_abs_logit_diff=diff,
                      same_argmax=same_argmax, stats=dict(getattr(cache, "stats", {})),
                      setup_s=round(time.perf_counter() - t0, 2))
+            if T == 1:
+                for row in kernel_breakdown(fn, dev, 10):
+                    part.table("kernels", T=T, mode=mode, step_ms=t["synced_ms"], **row)
     return out
 
 
@@ -490,6 +501,32 @@ def sec_compile(part: Part, args, sz: Sizes) -> None:
     c = times.get((1, modes[-1][0]))
     part.summary(roofline_ms=floor, compiled_ms=c, fraction_compiled=floor / c if (c and cuda) else None,
                  backend=backend, mode=modes[-1][0])
+    compiled_rounds(part, args, sz, lm, backend, cuda)
+
+
+def compiled_rounds(part: Part, args, sz: Sizes, target, backend: str, cuda: bool) -> None:
+    """The whole round (plain decoding, then speculative with the small draft) at batch 1 with its forwards
+    compiled, then captured as one graph: the least a decode step and a round take here."""
+    torch = _torch()
+    draft = random_llama(sz.draft, sz.device, sz.big_dtype, seed=1)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, target.vocab_size - 1, (1, sz.context), generator=g).to(sz.device)
+    best = "cuda graph" if cuda else "eager"
+    times = {}
+    for k in (0, sz.k):
+        t0 = time.perf_counter()
+        r = DeviceRound(target, draft if k else None, 1, k, sz.context + (sz.rounds + 3) * (k + 1) + 1,
+                        compile=backend)
+        floors = round_floors(target, draft, 1, k, sz.context, args)
+        times[k] = time_round(part, r, prompts, sz, cuda, floors, dict(batch=1, k=k, compile=backend),
+                              table="whole round, compiled")[best]["round_ms"]
+        part.log(f"k={k}: compiled, captured and timed in {time.perf_counter() - t0:.1f}s")
+        if k == 0:
+            floor = floors["verify_s"] * 1e3
+            part.summary(round_compiled_ms=times[0], round_floor_ms=floor,
+                         fraction_round_compiled=floor / times[0] if cuda else None, round_mode=best)
+    part.summary(spec_round_compiled_ms=times[sz.k], k=sz.k,
+                 spec_speedup={f"{a}": expected_tokens(a, sz.k) * times[0] / times[sz.k] for a in sz.alphas})
 
 
 # ---------------------------------------------------------------------------------------------- round
@@ -504,9 +541,11 @@ def round_floors(target, draft, rows: int, k: int, slots: int, args) -> dict:
     return {"draft_s": d, "verify_s": v["floor_s"], "verify_hbm_s": v["hbm_s"], "verify_matmul_s": v["matmul_s"]}
 
 
-def time_round(part: Part, r: DeviceRound, prompts, sz: Sizes, cuda: bool, floors: dict, label: dict) -> dict:
-    """Eager, then (on CUDA) graphed: phase times and the whole round's time; one row each. Returns
-    {mode: round ms}."""
+def time_round(part: Part, r: DeviceRound, prompts, sz: Sizes, cuda: bool, floors: dict, label: dict,
+               profile: bool = False, table: str | None = None) -> dict:
+    """Eager, then (on CUDA) graphed: phase times and the whole round's time; one row each (in the section's
+    rows, or in ``table``); with ``profile`` the device time of the last mode's round by kind of kernel.
+    Returns {mode: {round_ms, floor_ms, the phases' ms}}."""
     torch = _torch()
     r.prefill(prompts)
     snap = r.snapshot()
@@ -524,11 +563,18 @@ def time_round(part: Part, r: DeviceRound, prompts, sz: Sizes, cuda: bool, floor
         r.restore(snap)
         whole = r.time_whole(sz.rounds, graphs)
         per_round = float((r.length - prompts.shape[1]).float().mean()) / sz.rounds
-        out[mode] = whole
-        part.row(**label, mode=mode, **{f"{p}_ms": ph[p] for p in PHASES}, phases_ms=ph["round"], round_ms=whole,
-                 floor_ms=floor_ms, fraction=floor_ms / whole, draft_floor_ms=floors["draft_s"] * 1e3,
-                 verify_floor_ms=floors["verify_s"] * 1e3, verify_bound="matmul" if floors["verify_matmul_s"] >
-                 floors["verify_hbm_s"] else "hbm", tokens_per_round=per_round)
+        out[mode] = dict(round_ms=whole, floor_ms=floor_ms, **{f"{p}_ms": ph[p] for p in PHASES})
+        add = part.row if table is None else (lambda **kw: part.table(table, **kw))
+        add(**label, mode=mode, **{f"{p}_ms": ph[p] for p in PHASES}, phases_ms=ph["round"], round_ms=whole,
+            floor_ms=floor_ms, fraction=floor_ms / whole, draft_floor_ms=floors["draft_s"] * 1e3,
+            verify_floor_ms=floors["verify_s"] * 1e3,
+            verify_bound="matmul" if floors["verify_matmul_s"] > floors["verify_hbm_s"] else "hbm",
+            tokens_per_round=per_round)
+    if profile:
+        mode, graphs = modes[-1]
+        r.restore(snap)
+        for row in kernel_breakdown(lambda: r.replay("round") if graphs else r.round(), r.dev, sz.rounds - 1):
+            part.table("kernels", **label, mode=mode, round_ms=out[mode]["round_ms"], **row)
     r.restore(snap)
     if cuda:
         torch.cuda.synchronize()
@@ -564,17 +610,19 @@ def sec_round(part: Part, args, sz: Sizes) -> None:
             r = DeviceRound(target, draft if k else None, rows, k, max_len)
             floors = round_floors(target, draft, rows, k, sz.context, args)
             try:
-                times[k] = time_round(part, r, prompts, sz, cuda, floors, dict(batch=rows, k=k))
+                times[k] = time_round(part, r, prompts, sz, cuda, floors, dict(batch=rows, k=k), profile=rows == 1)
             except Exception as e:  # noqa: BLE001 - one batch failing (memory) leaves the others
                 part.note(f"batch {rows} k={k}: {type(e).__name__}: {str(e)[:300]}")
             del r
         if 0 in times and sz.k in times:
             for a in sz.alphas:
-                sp = expected_tokens(a, sz.k) * times[0][best] / times[sz.k][best]
+                t0, tk = times[0][best]["round_ms"], times[sz.k][best]["round_ms"]
+                sp = expected_tokens(a, sz.k) * t0 / tk
                 speed[f"{a}"][rows] = sp
-                part.row(batch=rows, k=sz.k, mode=best, alpha=a, speedup=sp,
-                         tokens_per_s=rows * expected_tokens(a, sz.k) / times[sz.k][best] * 1e3,
-                         plain_tokens_per_s=rows / times[0][best] * 1e3)
+                part.table("speedup", batch=rows, k=sz.k, mode=best, alpha=a, speedup=sp,
+                           tokens_per_s=rows * expected_tokens(a, sz.k) / tk * 1e3, plain_tokens_per_s=rows / t0 * 1e3)
+            if rows == 1:
+                part.summary(batch1={"plain": times[0][best], "speculative": times[sz.k][best]})
         if cuda:
             torch.cuda.empty_cache()
     cross = {a: next((b for b, v in sorted(sp.items()) if v < 1.0), None) for a, sp in speed.items()}
@@ -596,57 +644,61 @@ def _round_tokens(target, draft, prompts, k: int, new: int, graphs: bool) -> lis
 
 
 def round_identity(part: Part, sz: Sizes, cuda: bool) -> None:
-    """fp32 tiny models (a draft that is a perturbed copy: some drafts accepted, some not): the round, plain and
-    speculative, graphed and eager, against HF generate. bf16 1B: the round with graphs on against off, and
-    speculative against plain."""
-    torch = _torch()
-    from speclab.models import load_model
-
+    """fp32 tiny models (the draft a perturbed copy of the target: some drafts accepted, some not): the round,
+    plain and speculative, graphed and eager, against HF generate. bf16 1B (random heads: greedy paths that
+    vary): the round with graphs on against off, and speculative against plain."""
+    modes = (False, True) if cuda else (False,)
     tmp = Path(tempfile.mkdtemp(prefix="gpu_check_round_"))
-    ok_all = True
     try:
-        tname, dname, texts = _tiny_models(tmp)
-        tl = load_model(tname, device=sz.device, dtype=torch.float32, role="target")
-        dl = load_model(dname, device=sz.device, dtype=torch.float32, role="draft")
-        prompts = torch.tensor([tl.encode(t)[:8] for t in texts if len(tl.encode(t)) >= 8], device=tl.device)
-        new = sz.identity_new
-        ref = []
-        for row in prompts:
-            gen = tl.hf_model.generate(input_ids=row[None], attention_mask=torch.ones_like(row[None]),
-                                       do_sample=False, max_new_tokens=new, eos_token_id=None,
-                                       pad_token_id=0, min_new_tokens=new)
-            ref.append(gen[0, prompts.shape[1]:].tolist())
-        for graphs in ((False, True) if cuda else (False,)):
-            for k in (0, sz.k):
-                got = _round_tokens(tl, dl, prompts, k, new, graphs)
-                same, share = _agreement(got, ref)
-                ok_all &= same == len(ref)
-                part.row(check=f"{'speculative k=' + str(k) if k else 'plain'} round = HF generate", dtype="fp32",
-                         cuda_graph=graphs, rows_identical=f"{same}/{len(ref)}", tokens_in_common_prefix=share,
-                         ok=same == len(ref))
+        ok = tiny_round_identity(part, sz, modes, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    part.summary(fp32_identical=ok_all)
-    target = random_llama(sz.big, sz.device, sz.big_dtype)  # no copy head: greedy paths that vary
+    part.summary(fp32_identical=ok)
+    torch = _torch()
+    target = random_llama(sz.big, sz.device, sz.big_dtype)
     draft = random_llama(sz.draft, sz.device, sz.big_dtype, seed=1)
     g = torch.Generator().manual_seed(5)
     prompts = torch.randint(0, target.vocab_size - 1, (4, sz.context), generator=g).to(sz.device)
-    outs = {}
-    for graphs in ((False, True) if cuda else (False,)):
-        for k in (0, sz.k):
-            outs[(graphs, k)] = _round_tokens(target, draft, prompts, k, sz.identity_new, graphs)
+    outs = {(gr, k): _round_tokens(target, draft, prompts, k, sz.identity_new, gr) for gr in modes for k in (0, sz.k)}
     if cuda:
         for k in (0, sz.k):
-            same, share = _agreement(outs[(True, k)], outs[(False, k)])
-            part.row(check=f"{'speculative k=' + str(k) if k else 'plain'} round, graph = eager", dtype=sz.big_dtype,
-                     cuda_graph=True, rows_identical=f"{same}/{len(prompts)}", tokens_in_common_prefix=share,
-                     ok=same == len(prompts))
-            part.summary(**{f"graph_equals_eager_k{k}": same == len(prompts)})
-    mode = cuda
-    same, share = _agreement(outs[(mode, sz.k)], outs[(mode, 0)])
-    part.row(check=f"speculative k={sz.k} round = plain round", dtype=sz.big_dtype, cuda_graph=mode,
-             rows_identical=f"{same}/{len(prompts)}", tokens_in_common_prefix=share, ok=same == len(prompts))
-    part.summary(bf16_spec_vs_plain=f"{same}/{len(prompts)}", bf16_tokens_in_common_prefix=share)
+            same = _identity_row(part, f"{_round_name(k)}, graph = eager", sz.big_dtype, True,
+                                 outs[(True, k)], outs[(False, k)])
+            part.summary(**{f"graph_equals_eager_k{k}": same})
+    _identity_row(part, f"{_round_name(sz.k)} = plain round", sz.big_dtype, cuda, outs[(cuda, sz.k)], outs[(cuda, 0)])
+
+
+def tiny_round_identity(part: Part, sz: Sizes, modes: tuple, tmp: Path) -> bool:
+    torch = _torch()
+    from speclab.models import load_model
+
+    tname, dname, texts = _tiny_models(tmp)
+    tl = load_model(tname, device=sz.device, dtype=torch.float32, role="target")
+    dl = load_model(dname, device=sz.device, dtype=torch.float32, role="draft")
+    prompts = torch.tensor([tl.encode(t)[:8] for t in texts if len(tl.encode(t)) >= 8], device=tl.device)
+    ref = []
+    for row in prompts:  # HF stops at EOS (and emits it); the round does not stop: compare up to HF's end
+        gen = tl.hf_model.generate(input_ids=row[None], attention_mask=torch.ones_like(row[None]), do_sample=False,
+                                   max_new_tokens=sz.identity_new, pad_token_id=0)
+        ref.append(gen[0, prompts.shape[1]:].tolist())
+    ok = True
+    for graphs in modes:
+        for k in (0, sz.k):
+            got = _round_tokens(tl, dl, prompts, k, sz.identity_new, graphs)
+            got = [x[:len(y)] for x, y in zip(got, ref)]
+            ok &= _identity_row(part, f"{_round_name(k)} = HF generate", "fp32", graphs, got, ref)
+    return ok
+
+
+def _round_name(k: int) -> str:
+    return f"speculative round (k={k})" if k else "plain round"
+
+
+def _identity_row(part: Part, check: str, dtype: str, graphs: bool, got, ref) -> bool:
+    same, share = _agreement(got, ref)
+    part.table("identity", check=check, dtype=dtype, cuda_graph=graphs, rows_identical=f"{same}/{len(ref)}",
+               tokens_in_common_prefix=share, ok=same == len(ref))
+    return same == len(ref)
 
 
 # ---------------------------------------------------------------------------------------------- crossovers
@@ -1089,31 +1141,18 @@ def run_section(name: str, args, part_path: Path, limit: float, log) -> tuple[st
     return how, time.perf_counter() - t0
 
 
+def _f(x, spec) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
 def headline(sections: dict, dry: bool) -> list[tuple[str, str, str]]:
     """(metric, value, target) rows for the README."""
 
     def s(name):
         return sections.get(name, {}).get("summary", {})
 
-    def f(x, spec):
-        return "n/a" if x is None else format(x, spec)
-
-    rows = []
-    r = s("roofline")
-    if r:
-        rows.append((f"1B decode step, batch 1 ({r.get('dtype')}, {r.get('context')} ctx), eager",
-                     f"{f(r.get('eager_ms'), '.3f')} ms = {f(r.get('fraction_eager'), '.0%')} of roofline "
-                     f"({f(r.get('roofline_ms'), '.3f')} ms)", ""))
-        rows.append(("... with CUDA graphs", f"{f(r.get('graphs_ms'), '.3f')} ms = "
-                     f"{f(r.get('fraction_graphs'), '.0%')} of roofline", ">= 70%"))
-        rows.append(("CUDA-graph speedup, decode step (verify k+1)", f"{f(r.get('graph_speedup'), '.2f')}x "
-                     f"({f(r.get('verify_graph_speedup'), '.2f')}x)", ""))
-    c = s("compile")
-    if c and c.get("compiled_ms") is not None:
-        rows.append((f"... {c.get('mode')}",
-                     f"{f(c.get('compiled_ms'), '.3f')} ms = {f(c.get('fraction_compiled'), '.0%')} of roofline",
-                     ">= 70%"))
-    for name, label in (("crossover-1b", "1B target"), ("crossover-family", "embedded family")):
+    rows = _step_headline(s("roofline"), s("compile")) + _round_headline(s("round"))
+    for name, label in (("crossover-1b", "1B target, engine"), ("crossover-family", "embedded family, engine")):
         x = s(name).get("crossover_batch")
         if x:
             top = max(s(name).get("batches") or [0])
@@ -1122,15 +1161,67 @@ def headline(sections: dict, dry: bool) -> list[tuple[str, str, str]]:
     k = s("kernel")
     if k:
         rows.append(("Triton kernel vs PyTorch reference", f"{k.get('verdict')} ({k.get('cases')} cases, up to "
-                     f"{f(k.get('largest_elements'), ',')} elements)", "exact"))
+                     f"{_f(k.get('largest_elements'), ',')} elements)", "exact"))
     e = s("exactness")
     if e:
         rows.append(("greedy identity, fp32 (speculative = plain = HF generate)",
                      "identical" if e.get("fp32_identical") else "DIFFERENT", "identical"))
         rows.append(("bf16 speculative vs plain, rows identical", f"{e.get('bf16_rows_identical')} (tokens in common "
-                     f"prefix {f(e.get('bf16_tokens_in_common_prefix'), '.1%')})", ""))
+                     f"prefix {_f(e.get('bf16_tokens_in_common_prefix'), '.1%')})", ""))
     if dry:
         rows = [(m, v + " [dry run]", t) for m, v, t in rows]
+    return rows
+
+
+def _step_headline(r: dict, c: dict) -> list[tuple[str, str, str]]:
+    rows = []
+    if r:
+        rows.append((f"1B decode step, batch 1 ({r.get('dtype')}, {r.get('context')} ctx), eager",
+                     f"{_f(r.get('eager_ms'), '.3f')} ms = {_f(r.get('fraction_eager'), '.0%')} of roofline "
+                     f"({_f(r.get('roofline_ms'), '.3f')} ms at {_f(r.get('bandwidth_gbs'), '.0f')} GB/s)", ""))
+        rows.append(("... the engine's graphed step", f"{_f(r.get('graphs_ms'), '.3f')} ms = "
+                     f"{_f(r.get('fraction_graphs'), '.0%')} of roofline", ""))
+        rows.append(("CUDA-graph speedup, decode step (verify k+1)", f"{_f(r.get('graph_speedup'), '.2f')}x "
+                     f"({_f(r.get('verify_graph_speedup'), '.2f')}x)", ""))
+    if c and c.get("compiled_ms") is not None:
+        rows.append((f"... the engine's step, {c.get('mode')}",
+                     f"{_f(c.get('compiled_ms'), '.3f')} ms = {_f(c.get('fraction_compiled'), '.0%')} of roofline",
+                     ""))
+    if c and c.get("round_compiled_ms") is not None:
+        rows.append((f"... the whole step (forward, argmax, bookkeeping) compiled, {c.get('round_mode')}",
+                     f"{_f(c.get('round_compiled_ms'), '.3f')} ms = {_f(c.get('fraction_round_compiled'), '.0%')} "
+                     f"of roofline", ">= 60%"))
+        sp = c.get("spec_speedup") or {}
+        rows.append((f"speculative round (k={c.get('k')}) compiled, {c.get('round_mode')}, batch 1",
+                     f"{_f(c.get('spec_round_compiled_ms'), '.3f')} ms; speedup over the compiled step "
+                     + ", ".join(f"{_f(v, '.2f')}x at alpha {a}" for a, v in sp.items()), ""))
+    return rows
+
+
+def _round_headline(r: dict) -> list[tuple[str, str, str]]:
+    if not r:
+        return []
+    rows = []
+    b1 = r.get("batch1") or {}
+    sp = b1.get("speculative")
+    if sp:
+        phases = ", ".join(f"{p} {_f(sp.get(p + '_ms'), '.3f')}" for p in PHASES)
+        rows.append((f"speculative round, batch 1, k={r.get('k')}, {r.get('mode')} ({r.get('dtype')})",
+                     f"{_f(sp['round_ms'], '.3f')} ms ({phases} ms); floor {_f(sp['floor_ms'], '.3f')} ms "
+                     f"= {_f(sp['floor_ms'] / sp['round_ms'], '.0%')}", ""))
+    speed = r.get("speedup") or {}
+    if speed:
+        val = "; ".join(f"alpha {a}: " + ", ".join(f"b{b} {_f(v, '.2f')}x" for b, v in sorted(d.items(),
+                        key=lambda x: int(x[0]))) for a, d in speed.items())
+        rows.append(("speculative / plain round (same code, one graph each)", val, ""))
+        top = max(r.get("batches") or [0])
+        cross = r.get("crossover_batch") or {}
+        rows.append(("crossover batch, whole-round graphs", ", ".join(
+            f"alpha {a}: {b if b is not None else f'none up to {top}'}" for a, b in cross.items()), ""))
+    if "fp32_identical" in r:
+        same = r.get("fp32_identical") and r.get(f"graph_equals_eager_k{r.get('k')}", True)
+        rows.append(("greedy identity of the round, graphs on and off (fp32 = HF generate; bf16 graph = eager)",
+                     "identical" if same else "DIFFERENT", "identical"))
     return rows
 
 
@@ -1170,14 +1261,20 @@ def markdown(report: dict) -> str:
         if not rows:
             lines.append(f"_{sec['status']}{': ' + sec['reason'] if sec.get('reason') else ''}_")
             continue
-        cols = []
-        for r in rows:
-            cols += [c for c in r if c not in cols and c != "stats" and c != "graph_stats"]
-        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows]
+        lines += _table(rows)
+        for tname, trows in (sec.get("tables") or {}).items():
+            lines += ["", f"### {name}: {tname}", ""] + _table(trows)
         for n in sec.get("notes", []):
             lines.append(f"\n- {_cell(n)}")
     return "\n".join(lines) + "\n"
+
+
+def _table(rows: list[dict]) -> list[str]:
+    cols = []
+    for r in rows:
+        cols += [c for c in r if c not in cols and c != "stats" and c != "graph_stats"]
+    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            + ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows])
 
 
 def run_parent(args) -> int:

@@ -70,9 +70,16 @@ def expected_tokens(alpha: float, k: int) -> float:
 class DeviceRound:
     """``rows`` rows of one prompt length, run round by round on the device (see the module's docstring)."""
 
-    def __init__(self, target, draft, rows: int, k: int, max_len: int):
+    def __init__(self, target, draft, rows: int, k: int, max_len: int, compile: str | None = None):
         if k > 0 and draft is None:
             raise ValueError("k > 0 needs a draft model")
+        # the static forwards, through torch.compile when asked (a backend: "inductor" fuses the small kernels
+        # between the matmuls; every (rows, T) shape compiles once)
+        self.fwd = {}
+        for role, lm in (("target", target), ("draft", draft if k > 0 else None)):
+            if lm is not None:
+                f = lm.native.__call__
+                self.fwd[role] = torch.compile(f, backend=compile, dynamic=False) if compile else f
         self.target, self.draft, self.rows, self.k, self.max_len = target, draft, rows, k, max_len
         dev = self.dev = target.device
         self.tc = target.native.new_cache(rows, max_len)
@@ -121,21 +128,28 @@ class DeviceRound:
         return [row[:n] for row, n in zip(self.out.tolist(), self.length.tolist())]
 
     # ------------------------------------------------------------------ phases
+    def _forward(self, role: str, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, V) of a static forward (attends over the whole cache, masked by position):
+        NativeLlama.__call__(tokens, start, cache, rows, kv_len, depth, tree_mask, last_only, hidden, layers,
+        static), as StaticKVCache.forward(static=True) calls it."""
+        cache = self.tc if role == "target" else self.dc
+        return self.fwd[role](tokens, start, cache, slice(0, self.rows), self.max_len, None, None, None, (), None,
+                              True).logits
+
     def _draft(self) -> None:
         if self.k == 0:
             return
-        L, S = self.length, self.max_len
+        L = self.length
         toks = torch.stack([self.prev, self.last], 1)  # (B, 2) at L-2, L-1
-        d = self.dc.forward(toks, L - 2, kv_len=S, static=True).logits[:, -1].argmax(-1)  # (B,)
+        d = self._forward("draft", toks, L - 2)[:, -1].argmax(-1)  # (B,)
         self.drafts[:, 0] = d
         for j in range(1, self.k):  # d_j at position L + j - 1 proposes d_{j+1}
-            d = self.dc.forward(d[:, None], L + j - 1, kv_len=S, static=True).logits[:, -1].argmax(-1)
+            d = self._forward("draft", d[:, None], L + j - 1)[:, -1].argmax(-1)
             self.drafts[:, j] = d
 
     def _verify(self) -> None:
         toks = torch.cat([self.last[:, None], self.drafts], 1)  # (B, k+1) at L-1 .. L+k-1
-        logits = self.tc.forward(toks, self.length - 1, kv_len=self.max_len, static=True).logits  # (B, k+1, V)
-        self.argmax.copy_(logits.argmax(-1))
+        self.argmax.copy_(self._forward("target", toks, self.length - 1).argmax(-1))  # (B, k+1)
 
     def _accept(self) -> None:
         r = greedy_accept(self.drafts, self.argmax, self.num_draft)
@@ -230,14 +244,15 @@ class DeviceRound:
 
 
 def kernel_breakdown(fn, dev, reps: int = 10) -> list[dict]:
-    """Where one call's device time goes, by kind of kernel (matmul, attention, norm, copy and index,
-    elementwise and the rest): torch.profiler over ``reps`` calls, the device time of each kernel summed by
-    kind (on the CPU: operator self time), with each kind's count of kernels per call."""
+    """Where a call's device time goes, by kind of kernel (matmul, attention, norm, copy and index, elementwise
+    and the rest): torch.profiler over ``reps`` calls, each kernel's device time summed by kind (kernels inside a
+    CUDA graph replay are traced one by one), with the kernels per call. On the CPU: each leaf operator's self
+    time (kernels then counts operators, views included). A busy time well under the call's wall time means the
+    device waits between kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.device(dev).type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    fn()
     with profile(activities=acts) as prof:
         for _ in range(reps):
             fn()
@@ -245,30 +260,30 @@ def kernel_breakdown(fn, dev, reps: int = 10) -> list[dict]:
             torch.cuda.synchronize()
     kinds: dict[str, list[float]] = {}
     for e in prof.events():
-        on_device = getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
-        if cuda != on_device:
-            continue
-        us = (e.device_time if hasattr(e, "device_time") else e.cuda_time) if cuda else e.self_cpu_time_total
-        if not cuda and (e.cpu_children or not e.name.startswith("aten::")):
-            continue  # leaves only: an operator's time counted once
-        kind = kernel_kind(e.name)
-        acc = kinds.setdefault(kind, [0.0, 0])
+        if cuda:
+            if e.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            us = e.time_range.elapsed_us()
+        else:
+            if not e.name.startswith("aten::"):
+                continue
+            us = e.self_cpu_time_total  # self time: a nested operator's time is counted once
+        acc = kinds.setdefault(kernel_kind(e.name), [0.0, 0])
         acc[0] += us
         acc[1] += 1
     total = sum(v[0] for v in kinds.values()) or 1.0
-    rows = [dict(kind=k, ms_per_call=v[0] / reps / 1e3, share=v[0] / total, kernels_per_call=v[1] / reps)
-            for k, v in kinds.items()]
-    return sorted(rows, key=lambda r: -r["ms_per_call"])
+    rows = [dict(kind=k, busy_ms=v[0] / reps / 1e3, share=v[0] / total, kernels=v[1] / reps) for k, v in kinds.items()]
+    return sorted(rows, key=lambda r: -r["busy_ms"])
+
+
+KINDS = (("attention", ("flash", "fmha", "attention", "sdpa", "softmax")),
+         ("matmul", ("gemm", "gemv", "cutlass", "cublas", "nvjet", "sm90_", "sm80_", "aten::mm", "aten::addmm",
+                     "aten::bmm", "linear", "matmul")),
+         ("norm", ("norm", "rsqrt")),
+         ("copy/index", ("index", "copy", "memcpy", "memset", "scatter", "gather", "cat", "stack", "roll",
+                         "embedding", "clone", "fill")))
 
 
 def kernel_kind(name: str) -> str:
     n = name.lower()
-    for kind, keys in (("attention", ("flash", "fmha", "attention", "sdpa", "softmax")),
-                       ("matmul", ("gemm", "gemv", "cutlass", "cublas", "nvjet", "sm90_", "sm80_", "mm", "linear",
-                                   "addmm", "matmul")),
-                       ("norm", ("norm", "rsqrt")),
-                       ("copy/index", ("index", "copy", "scatter", "gather", "cat", "stack", "roll", "embedding",
-                                       "clone", "fill", "arange"))):
-        if any(x in n for x in keys):
-            return kind
-    return "elementwise/other"
+    return next((kind for kind, keys in KINDS if any(x in n for x in keys)), "elementwise/other")

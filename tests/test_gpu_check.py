@@ -31,7 +31,7 @@ def _run(out: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProc
 def test_select_and_timeouts():
     args = argparse.Namespace(only=None, skip="compile,kernel", dry_run=False)
     names = [s[0] for s in gpu_check.select(args)]
-    assert names == ["env", "roofline", "crossover-1b", "exactness", "crossover-family"]  # train is opt-in
+    assert names == ["env", "roofline", "round", "crossover-1b", "exactness", "crossover-family"]  # train: opt-in
     args.dry_run = True
     assert "train" in [s[0] for s in gpu_check.select(args)]
     args.only, args.dry_run = "train,env", False
@@ -129,20 +129,35 @@ def test_weight_and_kv_bytes():
 
 
 def test_markdown_and_headline_from_a_report():
-    report = {"command": "python scripts/gpu_check.py --out x", "dry_run": False, "started": "now", "budget_s": 480,
+    report = {"command": "python scripts/gpu_check.py --out x", "dry_run": False, "started": "now", "budget_s": 540,
               "wall_s": 100.0, "device": "NVIDIA H200", "sections": {
                   "roofline": {"title": "t", "status": "ok", "wall_s": 10, "budget_s": 90,
                                "summary": {"dtype": "bfloat16", "context": 512, "eager_ms": 2.0, "graphs_ms": 0.6,
                                            "roofline_ms": 0.45, "fraction_eager": 0.225, "fraction_graphs": 0.75,
-                                           "graph_speedup": 3.33, "verify_graph_speedup": 3.0},
-                               "rows": [{"T": 1, "mode": "eager", "step_ms": 2.0}], "notes": ["a | note"]},
+                                           "graph_speedup": 3.33, "verify_graph_speedup": 3.0,
+                                           "bandwidth_gbs": 3350.0},
+                               "rows": [{"T": 1, "mode": "eager", "step_ms": 2.0}], "notes": ["a | note"],
+                               "tables": {"kernels": [{"mode": "eager", "kind": "matmul", "busy_ms": 0.5}]}},
+                  "round": {"title": "r", "status": "ok", "wall_s": 30, "budget_s": 100,
+                            "summary": {"k": 4, "mode": "cuda graph", "dtype": "bfloat16", "batches": [1, 8, 64],
+                                        "batch1": {"speculative": {"round_ms": 1.0, "floor_ms": 0.5, "draft_ms": 0.3,
+                                                                   "verify_ms": 0.5, "accept_ms": 0.1,
+                                                                   "bookkeeping_ms": 0.1}},
+                                        "speedup": {"0.6": {"1": 1.5, "8": 1.1, "64": 0.7}},
+                                        "crossover_batch": {"0.6": 64, "0.8": None},
+                                        "fp32_identical": True, "graph_equals_eager_k4": True},
+                            "rows": [{"batch": 1}], "notes": []},
                   "crossover-1b": {"title": "c", "status": "timeout", "reason": "stopped", "wall_s": 150,
                                    "budget_s": 150, "summary": {"crossover_batch": {"synthetic:0.6:0.1": 32,
                                                                                      "synthetic:0.8:0.1": None},
                                                                 "batches": [1, 2, 256]}, "rows": [], "notes": []}}}
     report["headline"] = gpu_check.headline(report["sections"], dry=False)
     md = gpu_check.markdown(report)
-    assert "| ... with CUDA graphs | 0.600 ms = 75% of roofline | >= 70% |" in md
+    assert "| ... the engine's graphed step | 0.600 ms = 75% of roofline |  |" in md
+    assert "(0.450 ms at 3350 GB/s)" in md
+    assert "1.000 ms (draft 0.300, verify 0.500, accept 0.100, bookkeeping 0.100 ms); floor 0.500 ms = 50%" in md
+    assert "alpha 0.6: b1 1.50x, b8 1.10x, b64 0.70x" in md and "alpha 0.6: 64, alpha 0.8: none up to 64" in md
+    assert "### roofline: kernels" in md and "| eager | matmul | 0.5 |" in md
     assert "synthetic:0.6:0.1: 32, synthetic:0.8:0.1: none up to 256" in md
     assert "| crossover-1b | timeout | 150 / 150 | stopped |" in md
     assert "a \\| note" in md and "Dry run" not in md
