@@ -22,7 +22,7 @@ sys.modules["gpu_check"] = gpu_check  # dataclasses look their module up there
 spec.loader.exec_module(gpu_check)
 
 
-def _run(out: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def _run(out: Path, *extra: str, timeout: int = 1500) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--dry-run", *extra], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -41,6 +41,13 @@ def test_select_and_timeouts():
         gpu_check.select(args)
     ns = argparse.Namespace(timeout=["30", "kernel=5.5"])
     assert gpu_check.timeouts(ns) == {"*": 30.0, "kernel": 5.5}
+
+
+def test_device_peaks_by_name():
+    assert gpu_check.device_peaks("NVIDIA H200") == (4800.0, 989.0)
+    assert gpu_check.device_peaks("NVIDIA H100 80GB HBM3") == (3350.0, 989.0)
+    assert gpu_check.device_peaks("NVIDIA H100 PCIe") == (2000.0, 756.0)
+    assert gpu_check.device_peaks("NVIDIA GeForce RTX 4090") is None
 
 
 def test_agreement_counts_rows_and_common_prefixes():
@@ -214,6 +221,19 @@ def test_dry_run_end_to_end(tmp_path):
     assert modes == {"eager", "static eager"}
     assert any("skipped: no CUDA" in n for n in secs["roofline"]["notes"])
     assert all(r["same_argmax"] for r in secs["roofline"]["rows"])
+    assert {r["mode"] for r in secs["roofline"]["tables"]["kernels"]} == {"eager", "static eager"}
+    # the round: plain and speculative at every batch, eagerly (no CUDA), with speedups, kernels and identity
+    rnd = secs["round"]
+    assert {(r["batch"], r["k"], r["mode"]) for r in rnd["rows"]} == {(b, k, "eager") for b in (1, 2) for k in (0, 4)}
+    assert all(r["verify_ms"] > 0 and r["round_ms"] > 0 and r["floor_ms"] > 0 for r in rnd["rows"])
+    assert {r["tokens_per_round"] for r in rnd["rows"] if r["k"] == 4} == {5.0}  # copy heads: all accepted
+    assert {(r["batch"], r["alpha"]) for r in rnd["tables"]["speedup"]} == {(b, a) for b in (1, 2) for a in (0.6, 0.8)}
+    assert {r["k"] for r in rnd["tables"]["kernels"]} == {0, 4}
+    assert rnd["summary"]["fp32_identical"] is True and all(r["ok"] for r in rnd["tables"]["identity"])
+    assert set(rnd["summary"]["crossover_batch"]) == {"0.6", "0.8"}
+    comp = secs["compile"]
+    assert [r["k"] for r in comp["tables"]["whole round, compiled"]] == [0, 4]
+    assert comp["summary"]["round_compiled_ms"] > 0 and set(comp["summary"]["spec_speedup"]) == {"0.6", "0.8"}
     assert secs["exactness"]["summary"]["fp32_identical"] is True
     for name in ("crossover-1b", "crossover-family"):
         rows = secs[name]["rows"]
