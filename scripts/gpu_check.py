@@ -632,8 +632,10 @@ def sec_round(part: Part, args, sz: Sizes) -> None:
                 part.summary(batch1={"plain": times[0][best], "speculative": times[sz.k][best]})
         if cuda:
             torch.cuda.empty_cache()
-    cross = {a: next((b for b, v in sorted(sp.items()) if v < 1.0), None) for a, sp in speed.items()}
-    part.summary(speedup=speed, crossover_batch=cross, batches=list(sz.round_batches), mode=best)
+        # after every batch: a section stopped at its budget keeps the crossover of the batches it measured
+        cross = {a: next((b for b, v in sorted(sp.items()) if v < 1.0), None) for a, sp in speed.items()}
+        part.summary(speedup=speed, crossover_batch=cross, batches=[b for b in sz.round_batches if b <= rows],
+                     mode=best)
     del target, draft
     round_identity(part, sz, cuda)
 
