@@ -82,10 +82,10 @@ class Scheduler:
                                        and hasattr(self.cache, "load_prefix")) else None
         drafting = drafter if self.k_max > 0 else None
         self.prefill = Prefill(self.batch, target, drafting, self.hooks, self.run_id, self.prefix, self.draft_features)
-        self.rounds = Round(self.batch, target, drafter, self.policy, self.hooks, self.costs,
+        self.round_runner = Round(self.batch, target, drafter, self.policy, self.hooks, self.costs,
                             rejection_impl(self.device), tree_rejection_sample, self.run_id, self.draft_features)
         if record_costs:
-            self.rounds.listeners.append(CostSampler(self.costs))
+            self.round_runner.listeners.append(CostSampler(self.costs))
 
     def _batch(self, capacity: int | None, cuda_graphs: bool | None) -> Batch:
         """The rows' slots: the target's cache (CUDA graphs for its decode and verify forwards, None: on for CUDA,
@@ -178,7 +178,7 @@ class Scheduler:
             done += self.prefill.run(admit, self.round, len(self.waiting))
         if self.rows:
             self.round += 1
-            done += self.rounds.run(self.round, len(self.waiting), after_prefill=bool(admit))
+            done += self.round_runner.run(self.round, len(self.waiting), after_prefill=bool(admit))
         return done
 
     def _drop_waiting(self, cancels: set[str]) -> list[Request]:
