@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import json
 import pstats
 import time
