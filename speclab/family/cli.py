@@ -29,7 +29,7 @@ def cmd_presets(args) -> int:
 
 
 def cmd_models(args) -> int:
-    if args.presets:
+    if getattr(args, "presets", False):
         return cmd_presets(args)
     from . import list_models
 
