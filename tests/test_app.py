@@ -565,6 +565,11 @@ def test_busy_port_is_one_line(capsys):
 
 @pytest.mark.slow
 def test_start_up_names_the_apps_own_share_flag(server):
+    import time
+
+    deadline = time.time() + 60  # the port answers while launch() is still returning; the lines follow it
+    while "--share" not in server.log() and time.time() < deadline:
+        time.sleep(0.5)
     log = server.log()
     assert f"speclab app on http://127.0.0.1:{server.port}/" in log
     assert "python app.py --share" in log and "share=True" not in log and "Traceback" not in log

@@ -429,3 +429,121 @@ def test_draft_taken_in_late_beside_a_lagging_row(zoo, arch):
         assert r.generated == ref[p][:b], (arch, p)
     assert all(r.history[0] == (0, 0) and r.drafted > 0 for r in reqs[2:])  # taken in late
     assert {i for i, _ in checked} >= {"1", "2", "3"} and all(ok for _, ok in checked), checked
+
+
+# ---------------------------------------------------------------------- the hub presets, on tiny stand-ins
+def _stand_in_config(shape, vocab: int, eos: int, hub_id: str):
+    """A tiny model of a preset's architecture: its model type, tied or untied head, and Llama 3.x's 'llama3'
+    rotary scaling (which sends the real ones to the generic backend)."""
+    import transformers as tf
+
+    ids = dict(vocab_size=vocab, eos_token_id=eos, bos_token_id=None, pad_token_id=None,
+               tie_word_embeddings=shape.tied)
+    if shape.arch == "qwen2":
+        return tf.Qwen2Config(**DIMS, **ids)
+    rope = {}
+    if "meta-llama" in hub_id:
+        rope = dict(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_position_embeddings": 64})
+    return tf.LlamaConfig(**DIMS, **ids, **rope)
+
+
+def _hub_cache(root, presets) -> dict[str, int]:
+    """Every hub id the presets name, as a tiny stand-in in a Hugging Face cache layout under ``root`` (what a
+    user's cache holds after the first download). The Qwen2.5-7B stand-in pads its LM head wider than its draft's,
+    as the real pair does. Returns hub id -> vocabulary rows."""
+    tok = make_tokenizer()
+    eos = len(tok) - 1
+    vocab = {}
+    for i, (hub_id, shape) in enumerate(sorted({(p.target, p.target_shape) for p in presets} |
+                                               {(p.draft, p.draft_shape) for p in presets})):
+        pad = 16 if shape.vocab == 152064 else 8 if shape.arch == "qwen2" else 0
+        vocab[hub_id] = len(tok) + pad
+        snap = root / ("models--" + hub_id.replace("/", "--"))
+        (snap / "refs").mkdir(parents=True)
+        (snap / "refs" / "main").write_text("0" * 40)
+        m = _save(snap / "snapshots" / ("0" * 40), _stand_in_config(shape, vocab[hub_id], eos, hub_id), tok, seed=i)
+        if pad:  # padding rows are never a model's choice (zero logits beside a sharp head), as in the real ones
+            with torch.no_grad():
+                m.get_output_embeddings().weight[len(tok):] = 0.0
+            m.save_pretrained(str(snap / "snapshots" / ("0" * 40)))
+    return vocab
+
+
+PRESET_RUN = r'''
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from test_architectures import greedy_loop, PROMPTS, RAGGED
+from speclab.drafters import make_drafter
+from speclab.engine import SpeculativeDecoder
+from speclab.errors import SpeclabError
+from speclab.models import load_model
+from speclab.models.presets import PRESETS
+out = {}
+for name, p in PRESETS.items():
+    target = load_model(name, device="cpu", role="target")
+    ref = greedy_loop(target, PROMPTS, 16)
+    row = {"target": target.path, "backend": target.backend, "vocab": target.vocab_size}
+    for spec in (name, "ngram"):
+        drafter = make_drafter(spec, target)
+        dec = SpeculativeDecoder(target, drafter)
+        ok = all(dec.generate([q], k=4, max_new_tokens=16).output_tokens[0] == ref[q] for q in PROMPTS)
+        res = dec.generate(RAGGED, k=4, max_new_tokens=16)
+        ok = ok and [ref[q] for q in RAGGED] == res.output_tokens
+        row[spec] = {"exact": ok, "drafted": res.metrics["drafted_tokens"]}
+        if spec == name:
+            row["draft"] = drafter.lm.path
+    out[name] = row
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+def test_every_preset_path_is_exact_on_its_stand_in(tmp_path):
+    """Each preset loaded by its name, as a user with a warm hub cache would (offline): the target by ``--target
+    NAME``, its draft by ``--draft NAME``, each decoding exactly a cache-free greedy loop at batch 1 and a ragged
+    batch of 3, with the draft and with prompt lookup."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from speclab.models.presets import PRESETS
+
+    vocab = _hub_cache(tmp_path / "hub", PRESETS.values())
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    tests = Path(__file__).resolve().parent
+    r = subprocess.run([sys.executable, "-c", PRESET_RUN, str(tests)], env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(out) == set(PRESETS)
+    for name, row in out.items():
+        p = PRESETS[name]
+        assert row["target"] == p.target and row["draft"] == p.draft, name
+        assert row["vocab"] == vocab[p.target]
+        assert row["backend"] == ("native" if p.target_shape.arch == "llama" and "meta-llama" not in p.target
+                                  else "hf"), name
+        for spec in (name, "ngram"):
+            assert row[spec]["exact"] and row[spec]["drafted"] > 0, (name, spec, row)
+
+
+def test_preset_eagle3_head_on_a_generic_backend_target_is_refused_in_one_line(tmp_path):
+    """The Llama-3.1-8B preset's EAGLE-3 head: its target's 'llama3' rotary scaling puts it on the generic backend,
+    and the head (read from a speculators directory) is refused there in one line, naming the reason."""
+    from speclab.drafters.speculators import random_eagle3, save_speculators
+    from speclab.models.presets import PRESETS
+
+    p = PRESETS["llama-3.1-8b"]
+    tok = make_tokenizer()
+    _save(tmp_path / "target", _stand_in_config(p.target_shape, len(tok), len(tok) - 1, p.target), tok, seed=0)
+    target = load_model(str(tmp_path / "target"), device="cpu")
+    assert target.backend == "hf"
+    head, cfg = random_eagle3(target, (0, 1, 1), ffn=96)
+    d = save_speculators(head, cfg, tmp_path / "eagle3", verifier=p.target, num_target_layers=2)
+    with pytest.raises(SpeclabError, match="EAGLE drafting needs the native backend") as e:
+        make_drafter(str(d), target)
+    assert "\n" not in str(e.value)

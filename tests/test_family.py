@@ -115,6 +115,24 @@ def test_models_command(capsys):
         assert {"EAGLE head", "Medusa heads", "early exit", "prompt lookup", "suffix decoding", "hybrid"} <= roles
 
 
+def test_models_presets_command(capsys):
+    """``speclab models --presets``: every curated pair, its sizes, and the published number with its source."""
+    from speclab.cli import main
+    from speclab.models.presets import PRESETS
+
+    assert main(["models", "--presets", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(PRESETS) >= {"smollm2-360m", "smollm2-1.7b", "qwen2.5-1.5b", "qwen2.5-7b",
+                                         "llama-3.2-3b", "llama-3.1-8b"}
+    assert rows["qwen2.5-7b"]["target"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert 7.4e9 < rows["qwen2.5-7b"]["target_parameters"] < 7.8e9  # the published 7.62B
+    assert 1.2e8 < rows["smollm2-360m"]["draft_parameters"] < 1.4e8  # 135M
+    assert rows["llama-3.1-8b"]["eagle3_head"] and rows["llama-3.1-8b"]["source"].startswith("https://")
+    assert main(["models", "--presets"]) == 0
+    text = capsys.readouterr().out
+    assert "qwen2.5-7b" in text and "published:" in text and "--target" in text
+
+
 def test_train_command_sends_heads_to_the_head_trainer_and_the_module_entry_offers_models_only(capsys):
     """`speclab train --heads` goes to speclab.family.heads (its own check of the names answers, before any
     training); `python -m speclab.family.train` trains models only and refuses --heads."""

@@ -49,9 +49,9 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 draft_choices=[(label(d, "draft"), d) for d in cfg.drafts])
     with gr.Blocks(title="speclab: speculative decoding lab", analytics_enabled=False) as demo:
         gr.Markdown(INTRO)
-        if not cfg.targets:
-            gr.Markdown(error_md("No target model: the embedded family is not trained yet. Start the app with "
-                                 "--target PATH (or set SPECLAB_TARGET)."))
+        if cfg.default_target is None:  # hub presets may be offered, but nothing runs without a download
+            gr.Markdown(error_md("No target model: the embedded family is not trained yet. Pick a hub preset, or "
+                                 "start the app with --target PATH (or set SPECLAB_TARGET)."))
         with gr.Tabs():
             for tab in (tab_decode, tab_sweep, tab_timing, tab_load, tab_advisor):
                 tab.build(sh)
