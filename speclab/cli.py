@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target", default=None, help="family name, local HF directory or hub id (default: target)")
     g.add_argument("--draft", default=None,
                    help="draft model (family name, path, hub id), 'ngram' (prompt lookup), 'synthetic:A[:C]' or "
-                        "'none' (default: the family's default draft)")
+                        "'none' (default: eagle+suffix, the EAGLE head with suffix decoding, when "
+                        "the family's head is shipped)")
     g.add_argument("-k", type=int, default=4, help="draft length, 0..32 (0 = plain decoding); with an adaptive "
                    "--policy, the largest k it may choose")
     g.add_argument("--policy", default=None, help="draft-length policy (default: fixed k)")
@@ -189,7 +190,7 @@ def exit_cleanly_on_sigterm() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .defaults import default_draft, default_target
+    from .defaults import default_draft, default_drafter, default_target
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "target", "x") is None:
         args.target = default_target()
     if getattr(args, "draft", "x") is None:
-        args.draft = default_draft()
+        args.draft = default_drafter() if args.command == "generate" else default_draft()
     try:
         return args.func(args) or 0
     except SpeclabError as e:
