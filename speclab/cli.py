@@ -22,8 +22,8 @@ RESET = "\x1b[0m"
 PLAIN_LEGEND = ("legend (no colour: stdout is not a terminal): [-text-] is a rejected draft, shown where it was "
                 "proposed and not part of the output; every other token is output as is (--colour for colours)")
 # packages that register subcommands with add_commands(subparsers)
-COMMANDS = ("speclab.family.cli", "speclab.analysis.cli", "speclab.analysis.advisor_cli", "speclab.serve.cli",
-            "speclab.load.cli")
+COMMANDS = ("speclab.family.cli", "speclab.analysis.cli", "speclab.analysis.drafting_cli",
+            "speclab.analysis.advisor_cli", "speclab.serve.cli", "speclab.load.cli")
 
 
 def colour_tokens(tokens: list[dict], colour: bool = True) -> str:
@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target", default=None, help="family name, local HF directory or hub id (default: target)")
     g.add_argument("--draft", default=None,
                    help="draft model (family name, path, hub id), 'ngram' (prompt lookup), 'synthetic:A[:C]' or "
-                        "'none' (default: the family's default draft)")
+                        "'none' (default: eagle+suffix, the EAGLE head with suffix decoding, when "
+                        "the family's head is shipped)")
     g.add_argument("-k", type=int, default=4, help="draft length, 0..32 (0 = plain decoding); with an adaptive "
                    "--policy, the largest k it may choose")
     g.add_argument("--policy", default=None, help="draft-length policy (default: fixed k)")
@@ -190,7 +191,7 @@ def exit_cleanly_on_sigterm() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from .analysis.flags import old_spelling
-    from .defaults import default_draft, default_target
+    from .defaults import default_draft, default_drafter, default_target
 
     moved = old_spelling(sys.argv[1:] if argv is None else list(argv))
     if moved:  # an old command line fails here, naming its new form, instead of running something else
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "target", "x") is None:
         args.target = default_target()
     if getattr(args, "draft", "x") is None:
-        args.draft = default_draft()
+        args.draft = default_drafter() if args.command == "generate" else default_draft()
     try:
         return args.func(args) or 0
     except SpeclabError as e:

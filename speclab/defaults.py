@@ -22,7 +22,25 @@ def default_target() -> str:
 
 
 def default_draft() -> str:
+    """The default separate draft model (what commands that compare draft models start from)."""
     return _family_default("DEFAULT_DRAFT", "ngram")
+
+
+DEFAULT_DRAFTER = "eagle+suffix"  # the fastest drafter on the held-out set: speclab bench heldout
+
+
+def default_drafter() -> str:
+    """What ``speclab generate`` and the app's first screen speculate with: the EAGLE head with suffix decoding
+    where the context repeats, when the family's head is shipped; else the default draft model. (``speclab serve``
+    keeps the draft model: the scheduler turns prefix caching off for drafters that read the target's features.)"""
+    try:
+        from .drafters.heads import head_dir
+
+        if head_dir("eagle") is not None and _family_default("DEFAULT_TARGET", "") == "target":
+            return DEFAULT_DRAFTER
+    except Exception:  # noqa: BLE001 - no heads: the draft model
+        pass
+    return default_draft()
 
 
 def setup_threads(threads: int | None, lm=None) -> None:

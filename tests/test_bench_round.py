@@ -53,3 +53,26 @@ def test_round_events_split_acceptance_from_bookkeeping():
     dec.hooks.subscribe(lambda ev: seen.append(ev.timings) if getattr(ev, "phase", "") == "verify" else None)
     dec.generate("def add(a, b):\n    return", k=2, max_new_tokens=8, record=False)
     assert seen and all({"draft", "verify", "accept", "bookkeeping", "other"} <= set(t) for t in seen)
+
+
+def test_bench_round_and_heldout_join_the_bench_subcommands():
+    """Where ``bench`` has subcommands, ``round`` and ``heldout`` join them; where it has none, nothing changes."""
+    import argparse
+
+    from speclab.analysis.drafting_cli import _run_heldout, _run_round, add_commands
+
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="command")
+    bench = sub.add_parser("bench")
+    modes = bench.add_subparsers(dest="mode", required=True)
+    modes.add_parser("acceptance")
+    bench.set_defaults(func="the bench runner")
+    add_commands(sub)
+    args = p.parse_args(["bench", "round", "--draft", "ngram", "--k", "3"])
+    assert args.mode == "round" and args.func is _run_round and args.draft == "ngram" and args.k == 3
+    args = p.parse_args(["bench", "heldout", "--methods", "eagle"])
+    assert args.func is _run_heldout and args.methods == "eagle"
+    assert p.parse_args(["bench", "acceptance"]).func == "the bench runner"
+    flat = argparse.ArgumentParser().add_subparsers()
+    flat.add_parser("bench")
+    add_commands(flat)  # no subcommands to join: nothing added, no error

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..defaults import default_drafter
 from ..errors import SpeclabError
 from ..limits import truthy
 from ..models.presets import find_preset, preset_names
@@ -25,9 +26,11 @@ DEFAULT_WORKLOAD = "json"
 DEFAULT_K = 4
 DEFAULT_POLICY = "fixed"
 BUILTIN_DRAFTS = ("ngram", "none")
-SELF_DRAFTS = ("eagle", "medusa", "early-exit")  # drafters from the target itself (offered when shipped)
+SELF_DRAFTS = ("eagle+suffix", "eagle", "medusa", "early-exit")  # drafters from the target itself (when shipped)
 DRAFT_LABELS = {"ngram": "ngram (prompt lookup, no model)", "none": "none (baseline, k = 0)",
-                "eagle": "eagle (a head on the target's features)", "medusa": "medusa (heads on the target)",
+                "eagle": "eagle (a head on the target's features)",
+                "eagle+suffix": "eagle+suffix (suffix decoding where the text repeats, else the eagle head)",
+                "medusa": "medusa (heads on the target)",
                 "early-exit": "early-exit (the target's first layers)"}
 
 
@@ -39,7 +42,7 @@ def self_drafts() -> tuple[str, ...]:
         have = {x for h in list_heads() for x in (h["kind"], h["name"])}
     except Exception:  # noqa: BLE001 - no heads: none offered
         have = set()
-    return tuple(d for d in SELF_DRAFTS if d in have or d == "early-exit")
+    return tuple(d for d in SELF_DRAFTS if d in have or d == "early-exit" or (d == "eagle+suffix" and "eagle" in have))
 
 
 def _family() -> list[dict]:
@@ -98,6 +101,8 @@ class AppConfig:
                 drafts.append(d)
         if draft:
             default_draft = draft
+        elif fam and default_drafter() in drafts:  # the winner on the held-out set (speclab bench heldout)
+            default_draft = default_drafter()
         elif fam_draft in fam_drafts:
             default_draft = fam_draft
         else:  # never a preset: the first screen must run without a download
