@@ -51,8 +51,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_round import (PHASES, DeviceRound, expected_tokens, forward_floor_s, kernel_breakdown,  # noqa: E402
-                       kv_bytes, weight_bytes)
+from gpu_round import (  # noqa: E402 - after the path above
+    PHASES,
+    DeviceRound,
+    expected_tokens,
+    forward_floor_s,
+    kernel_breakdown,
+    kv_bytes,
+    weight_bytes,
+)
 
 # Datasheet peaks by device name: HBM GB/s and dense bf16 TFLOPS (the roofline's two floors). The first name
 # that occurs in torch.cuda.get_device_name() wins; --bandwidth-gbs and --peak-tflops override.
@@ -107,8 +114,9 @@ class Sizes:
                    kernel_large=None, kernel_timing=None,
                    big=dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=512, max_pos=512),
                    draft=dict(hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, vocab=512, max_pos=512),
-                   round_batches=(1, 2), rounds=3, identity_new=12, big_dtype="float32", context=24, reps=3, batches=(1, 2, 4), prompt_len=8, new_tokens=8,
-                   family_new=8, exact_prompts=2, exact_new=8, train_tiny=True)
+                   round_batches=(1, 2), rounds=3, identity_new=12, big_dtype="float32", context=24, reps=3,
+                   batches=(1, 2, 4), prompt_len=8, new_tokens=8, family_new=8, exact_prompts=2, exact_new=8,
+                   train_tiny=True)
 
 
 # name, title, budget on the GPU (s), budget in the dry run (s)
