@@ -463,9 +463,21 @@ def roofline_rows(part: Part, lm, sz: Sizes, modes: list[tuple[str, dict]], band
                      same_argmax=same_argmax, stats=dict(getattr(cache, "stats", {})),
                      setup_s=round(time.perf_counter() - t0, 2))
             if T == 1:
-                for row in kernel_breakdown(fn, dev, 10):
+                for row in profile_kinds(part, fn, dev, 10, f"T={T} {mode}"):
                     part.table("kernels", T=T, mode=mode, step_ms=t["synced_ms"], **row)
     return out
+
+
+def profile_kinds(part: Part, fn, dev, reps: int, what: str) -> list[dict]:
+    """kernel_breakdown, or a note when the profiler fails or sees nothing (the timings stand without it)."""
+    try:
+        kinds = kernel_breakdown(fn, dev, reps)
+    except Exception as e:  # noqa: BLE001 - a profiler problem must not cost the section its timings
+        part.note(f"{what}: profiler failed: {type(e).__name__}: {str(e)[:200]}")
+        return []
+    if not kinds:
+        part.note(f"{what}: the profiler saw no kernels")
+    return kinds
 
 
 def sec_roofline(part: Part, args, sz: Sizes) -> None:
@@ -585,10 +597,8 @@ def time_round(part: Part, r: DeviceRound, prompts, sz: Sizes, cuda: bool, floor
     if profile:
         mode, graphs = modes[-1]
         r.restore(snap)
-        kinds = kernel_breakdown(lambda: r.replay("round") if graphs else r.round(), r.dev, sz.rounds - 1)
-        if not kinds:
-            part.note(f"{label}: the profiler saw no kernels in the {mode} round")
-        for row in kinds:
+        for row in profile_kinds(part, lambda: r.replay("round") if graphs else r.round(), r.dev, sz.rounds - 1,
+                                 f"{label} {mode} round"):
             part.table("kernels", **label, mode=mode, round_ms=out[mode]["round_ms"], **row)
     r.restore(snap)
     if cuda:
