@@ -191,6 +191,8 @@ class DeviceRound:
                 self.round()
         torch.cuda.current_stream(self.dev).wait_stream(side)
         for name in PHASES + ("round",):
+            if name == "draft" and self.k == 0:
+                continue  # nothing to capture (an empty graph draws a warning)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
                 self.round() if name == "round" else self.phase(name)
@@ -198,6 +200,8 @@ class DeviceRound:
         self.restore(snap)
 
     def replay(self, name: str) -> None:
+        if name == "draft" and self.k == 0:
+            return
         self.graphs[name].replay()
 
     # ------------------------------------------------------------------ timing
