@@ -525,7 +525,11 @@ def sec_compile(part: Part, args, sz: Sizes) -> None:
     c = times.get((1, modes[-1][0]))
     part.summary(roofline_ms=floor, compiled_ms=c, fraction_compiled=floor / c if (c and cuda) else None,
                  backend=backend, mode=modes[-1][0])
-    compiled_rounds(part, args, sz, lm, backend, cuda)
+    try:
+        compiled_rounds(part, args, sz, lm, backend, cuda)
+    except Exception as e:  # noqa: BLE001 - the engine's compiled step above stands without it
+        part.note(f"whole round compiled: {type(e).__name__}: {str(e)[:300]}")
+        part.data["traceback"] = traceback.format_exc()[-4000:]
 
 
 def compiled_rounds(part: Part, args, sz: Sizes, target, backend: str, cuda: bool) -> None:
