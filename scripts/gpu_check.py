@@ -15,13 +15,13 @@ with a time budget (``--timeout``) and saved as it goes (a section stopped at it
   round             the speculative round (1B target, small draft, k = 4) run entirely on the device
                     (scripts/gpu_round.py), one CUDA graph per round: draft, verify, acceptance and
                     bookkeeping against the floor at batch 1..64, speedups at alpha 0.6 and 0.8, identity
+  compile           the roofline's graph step with torch.compile (Inductor) fusing the small kernels; the
+                    whole step and the whole round compiled and captured as one graph
   crossover-1b      speculative (synthetic drafts, alpha 0.6 and 0.8) vs plain decoding, batch 1..256, on
                     the 1B target with CUDA graphs: the crossover batch
   exactness         greedy identity in fp32 (speculative = plain = HF generate; family and tiny models,
                     CUDA graphs on and off); bf16 speculative vs plain
   crossover-family  the crossover rows for the embedded family (its draft, prompt lookup, synthetic)
-  compile           the roofline's graph step with torch.compile (Inductor) fusing the small kernels; the
-                    whole step and the whole round compiled and captured as one graph
   train             a stronger family (10x the target's tokens): only with --only train, or in --dry-run
 
 Outputs: DIR/gpu_check.json (everything), DIR/gpu_check.md (the tables; its first table is the one for
@@ -121,16 +121,17 @@ class Sizes:
 
 # name, title, budget on the GPU (s), budget in the dry run (s)
 # The GPU budgets add up to more than the default --budget (540 s): each is a cap for a section that hangs,
-# the whole run stops at --budget, and the sections' usual times are a fraction of their caps.
+# the whole run stops at --budget, and the sections' usual times are a fraction of their caps. The order puts
+# the targets' measurements (kernel exactness, roofline, round, compiled step) before the crossovers.
 SECTIONS = [
     ("env", "environment", 30, 60),
     ("kernel", "Triton acceptance kernel vs PyTorch reference", 60, 150),
     ("roofline", "1B-class decode step vs HBM roofline, eager vs CUDA graphs, where the time goes", 75, 120),
     ("round", "the speculative round taken apart on the device, one CUDA graph per round", 100, 150),
+    ("compile", "torch.compile + CUDA graphs: the engine's step and the whole round", 150, 150),
     ("crossover-1b", "speculative vs plain, synthetic drafts, 1B target", 90, 150),
     ("exactness", "greedy identity (fp32) and bf16 speculative vs plain", 75, 180),
     ("crossover-family", "speculative vs plain, embedded family", 75, 150),
-    ("compile", "torch.compile + CUDA graphs: the engine's step and the whole round", 150, 150),
     ("train", "a stronger family trained on the GPU", 540, 240),
 ]
 OPT_IN = ("train",)  # run on the GPU only when asked for with --only
