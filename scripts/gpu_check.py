@@ -596,8 +596,8 @@ def time_round(part: Part, r: DeviceRound, prompts, sz: Sizes, cuda: bool, floor
         add = part.row if table is None else (lambda **kw: part.table(table, **kw))
         add(**label, mode=mode, **{f"{p}_ms": ph[p] for p in PHASES}, phases_ms=ph["round"], round_ms=whole,
             floor_ms=floor_ms, fraction=floor_ms / whole, draft_floor_ms=floors["draft_s"] * 1e3,
-            verify_floor_ms=floors["verify_s"] * 1e3,
-            verify_bound="matmul" if floors["verify_matmul_s"] > floors["verify_hbm_s"] else "hbm",
+            verify_floor_ms=floors["verify_s"] * 1e3, verify_hbm_ms=floors["verify_hbm_s"] * 1e3,
+            verify_matmul_ms=floors["verify_matmul_s"] * 1e3,
             tokens_per_round=per_round)
     if profile:
         mode, graphs = modes[-1]
