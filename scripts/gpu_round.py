@@ -13,7 +13,8 @@ The state per row is L (tokens committed), ``last`` (the token at L-1, not yet i
     book     emit d_1..d_n, next at L..L+n; prev = token at L+n-1; last = next; L += n + 1
 
 The draft's first step re-reads the token at L-2: when the previous round accepted all k drafts, d_k was
-never fed to the draft, and this one fixed shape covers both cases (a re-read slot gets the same keys).
+never fed to the draft, and this one fixed shape covers both cases (one token more of draft work a round;
+otherwise the slot is written again from the same token at the same position).
 Stale slots past a row's length are masked by position (the static forward), never cleared.
 
 k = 0 with no draft is plain greedy decoding through the same code: the decode step as one graph.
@@ -191,6 +192,8 @@ class DeviceRound:
                 self.round()
         torch.cuda.current_stream(self.dev).wait_stream(side)
         for name in PHASES + ("round",):
+            if name == "draft" and self.k == 0:
+                continue  # nothing to capture (an empty graph draws a warning)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
                 self.round() if name == "round" else self.phase(name)
@@ -198,6 +201,8 @@ class DeviceRound:
         self.restore(snap)
 
     def replay(self, name: str) -> None:
+        if name == "draft" and self.k == 0:
+            return
         self.graphs[name].replay()
 
     # ------------------------------------------------------------------ timing

@@ -32,6 +32,8 @@ def test_select_and_timeouts():
     args = argparse.Namespace(only=None, skip="compile,kernel", dry_run=False)
     names = [s[0] for s in gpu_check.select(args)]
     assert names == ["env", "roofline", "round", "crossover-1b", "exactness", "crossover-family"]  # train: opt-in
+    args.skip = None
+    assert [s[0] for s in gpu_check.select(args)][:5] == ["env", "kernel", "roofline", "round", "compile"]
     args.dry_run = True
     assert "train" in [s[0] for s in gpu_check.select(args)]
     args.only, args.dry_run = "train,env", False
