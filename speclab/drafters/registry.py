@@ -4,6 +4,7 @@ Spec strings: a name, then ``:``-separated options (keyword arguments win over t
 
     ngram                                  prompt lookup (a chain)
     ngram:tree=dynamic:nodes=8             prompt lookup, its matches merged into a tree of 8 nodes
+    suffix / suffix:depth=24:factor=1:min_prob=0.1:cache=1000   suffix decoding (suffix trees)
     draft-xs-distill:tree=dynamic:width=3  a draft model proposing EAGLE-2-style dynamic trees
     early-exit / early-exit:2 / early-exit:3:tuned   the target's first m layers (tuned: a trained exit)
     eagle / eagle:tree=dynamic:nodes=8     the EAGLE head (a chain, or a tree)
@@ -28,6 +29,8 @@ from .trees import TreeShape
 
 NONE_NAMES = ("", "none", "off", "baseline")
 LOOKUP_NAMES = ("ngram", "prompt-lookup", "prompt_lookup", "pld")
+SUFFIX_NAMES = ("suffix", "suffix-decoding", "suffix_decoding")
+SUFFIX_KEYS = {"depth": int, "factor": float, "offset": float, "min_prob": float, "cache": int}
 EXIT_NAMES = ("early-exit", "early_exit", "layerskip")
 HEAD_NAMES = ("eagle", "medusa")
 TREE_KEYS = ("tree", "nodes", "branch", "width", "depth", "trunk")
@@ -69,8 +72,8 @@ def _no_more(name: str, opts: dict) -> None:
 
 
 def make_drafter(spec: str | None, target, load=load_model, **kw):
-    """'none' (plain target decoding: returns None), 'ngram' (prompt lookup), 'early-exit[:m][:tuned]',
-    'eagle', 'medusa', or a draft model name / path / hub id (loaded with ``load``, e.g. a caching
+    """'none' (plain target decoding: returns None), 'ngram' (prompt lookup), 'suffix' (suffix decoding),
+    'early-exit[:m][:tuned]', 'eagle', 'medusa', or a draft model name / path / hub id (loaded with ``load``, e.g. a caching
     loader), each with the options above. Every drafter is fresh: drafters keep per-run state, so they
     are never shared between runs."""
     if is_none(spec):
@@ -82,6 +85,15 @@ def make_drafter(spec: str | None, target, load=load_model, **kw):
         tree = _tree(opts)
         return PromptLookupDrafter(**{k: float(v) if k in ("recency", "decay") else int(v) for k, v in opts.items()},
                                    tree=tree)
+    if low in SUFFIX_NAMES:
+        from .suffix import SuffixDrafter
+
+        args = {key: opts.pop(key) for key in SUFFIX_KEYS if key in opts}
+        _no_more(base, opts)
+        try:
+            return SuffixDrafter(**{key: SUFFIX_KEYS[key](v) for key, v in args.items()})
+        except ValueError as e:
+            raise SpeclabError(f"drafter 'suffix': bad option value ({e})") from None
     if low.startswith("synthetic"):
         from .synthetic import SyntheticDrafter
 
