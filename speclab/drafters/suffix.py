@@ -224,12 +224,16 @@ class SuffixDrafter:
             if tree is None:
                 continue
             self.rows[b] = None
-            output = tree.tokens[tree.prompt_len:]
-            if self.cache and output:
-                self.global_tree.add(output)
-                self.cached.append(output)
-                while len(self.cached) > self.cache:
-                    self.global_tree.remove(self.cached.popleft())
+            self.remember(tree.tokens[tree.prompt_len:])
+
+    def remember(self, output: list[int]) -> None:
+        """Add a finished request's output to the global cache (a server's drafter does this as requests end;
+        a benchmark may seed it with other prompts' outputs)."""
+        if self.cache and output:
+            self.global_tree.add(output)
+            self.cached.append(list(output))
+            while len(self.cached) > self.cache:
+                self.global_tree.remove(self.cached.popleft())
 
     # ------------------------------------------------------------------ drafting
     def best_draft(self, tree: _RowTree, context: list[int], k: int, use_global: bool) -> list[int]:
