@@ -11,8 +11,7 @@ import pytest
 import torch
 from conftest import PROMPTS
 from test_engine import NEW, hf_greedy  # noqa: F401 - the reference fixture
-from test_sampling_engine import _p_values, _sample, exact, near  # noqa: F401 - fixtures
-from test_sampling_engine import PASS_P
+from test_sampling_engine import PASS_P, _p_values, _sample, exact, near  # noqa: F401 - fixtures
 
 from speclab.drafters import DraftContext, make_drafter
 from speclab.drafters.suffix import SuffixDrafter, SuffixTree, _walk

@@ -73,8 +73,8 @@ def _no_more(name: str, opts: dict) -> None:
 
 def make_drafter(spec: str | None, target, load=load_model, **kw):
     """'none' (plain target decoding: returns None), 'ngram' (prompt lookup), 'suffix' (suffix decoding),
-    'early-exit[:m][:tuned]', 'eagle', 'medusa', or a draft model name / path / hub id (loaded with ``load``, e.g. a caching
-    loader), each with the options above. Every drafter is fresh: drafters keep per-run state, so they
+    'early-exit[:m][:tuned]', 'eagle', 'medusa', or a draft model name / path / hub id (loaded with ``load``, e.g.
+    a caching loader), each with the options above. Every drafter is fresh: drafters keep per-run state, so they
     are never shared between runs."""
     if is_none(spec):
         return None

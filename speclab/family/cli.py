@@ -9,24 +9,20 @@ from .args import add_train_arguments
 
 
 def cmd_models(args) -> int:
-    from . import list_models
+    from .listing import format_listing, listing
 
-    models = list_models()
-    keys = ("name", "role", "parameters", "tokenizer", "path")
+    entries = listing()
     if args.json:
-        print(json.dumps([{k: m[k] for k in keys} for m in models], indent=2))
+        print(json.dumps(entries, indent=2))
         return 0
-    if not models:
-        print("no family models shipped yet (run `speclab train`)")
-        return 0
-    w = {k: max(len(k), *(len(f"{m[k]:,}" if k == "parameters" else str(m[k])) for m in models)) for k in keys}
-    print("  ".join(k.ljust(w[k]) for k in keys))
-    for m in models:
-        cells = [str(m["name"]).ljust(w["name"]), str(m["role"]).ljust(w["role"]),
-                 f"{m['parameters']:,}".rjust(w["parameters"]), str(m["tokenizer"]).ljust(w["tokenizer"]),
-                 str(m["path"])]
-        print("  ".join(cells))
+    print(format_listing(entries))
     return 0
+
+
+def cmd_measure(args) -> int:
+    from .listing import run_measure
+
+    return run_measure(args)
 
 
 def cmd_train(args) -> int:
@@ -41,9 +37,16 @@ def cmd_train(args) -> int:
 
 def add_commands(subparsers) -> None:
     """Register ``models`` and ``train`` on an argparse subparsers object."""
-    m = subparsers.add_parser("models", help="list the embedded model family")
+    m = subparsers.add_parser("models", help="list the embedded model family and every drafter, with its acceptance")
     m.add_argument("--json", action="store_true", help="print a JSON list")
     m.set_defaults(func=cmd_models)
+    sub = m.add_subparsers(dest="models_command", metavar="{measure}")
+    ms = sub.add_parser("measure", help="measure the acceptance of listed drafters that show 'not measured' and "
+                        "store it in the family's acceptance report")
+    from .listing import add_measure_arguments
+
+    add_measure_arguments(ms)
+    ms.set_defaults(func=cmd_measure)
 
     t = subparsers.add_parser("train", help="rebuild corpus, tokenizer and every family model from a seed",
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
