@@ -103,6 +103,9 @@ def run_measure(args) -> int:
     k = check_k(args.k if args.k is not None else old.get("k") or 4)
     new_tokens = check_max_new_tokens(args.max_new_tokens if args.max_new_tokens is not None
                                       else old.get("max_new_tokens") or 64, name="--max-new-tokens")
+    for key, v in (("k", k), ("max_new_tokens", new_tokens)):
+        if old["rows"] and old.get(key) is not None and v != old[key]:
+            raise SpeclabError(f"{path} was measured with {key} = {old[key]}, not {v}: measure into another --file")
     prompts = None if args.prompts is None else check_int("--prompts", args.prompts, 1, 1000)
     workloads = workload_names(args.workload or ",".join(old.get("workloads") or []) or "all")
     drafters = args.drafter or [d["name"] for d in list_drafters(acceptance=path)
@@ -126,7 +129,7 @@ def run_measure(args) -> int:
     try:
         merged = merge_acceptance(report, path)
     except ValueError as e:
-        raise SpeclabError(f"{path}: {e}; pass the report's own --k and --max-new-tokens") from None
+        raise SpeclabError(f"{path}: {e}") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(merged, indent=2) + "\n")
     for r in report["rows"]:
