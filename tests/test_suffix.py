@@ -23,7 +23,7 @@ from speclab.errors import SpeclabError
 def _counts(node, prefix=()):
     """{substring: count} of every node below ``node``."""
     out = {}
-    for tok, child in node.children.items():
+    for tok, child in (node.children or {}).items():
         out[prefix + (tok,)] = child.count
         out.update(_counts(child, prefix + (tok,)))
     return out
@@ -51,7 +51,7 @@ def test_tree_counts_every_substring_up_to_its_depth_and_forgets_exactly():
     t.remove([5, 6, 5, 6])
     assert _counts(t.root) == {(6,): 1, (6, 7): 1, (7,): 1}
     t.remove([6, 7])
-    assert t.root.children == {} and t.root.out == 0 and t.root.best is None
+    assert not t.root.children and t.root.out == 0 and t.root.best is None
 
 
 def test_row_tree_grown_token_by_token_equals_one_built_at_once():

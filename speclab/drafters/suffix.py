@@ -41,11 +41,13 @@ class _Node:
     def __init__(self):
         self.count = 0
         self.out = 0
-        self.children: dict[int, _Node] = {}
+        self.children: dict[int, _Node] | None = None  # made on the first follower: most nodes are leaves
         self.best: int | None = None
 
     def bump(self, tok: int) -> "_Node":
         """Count one more occurrence of ``tok`` after this substring; returns the child."""
+        if self.children is None:
+            self.children = {}
         child = self.children.get(tok)
         if child is None:
             child = self.children[tok] = _Node()
@@ -114,7 +116,7 @@ class SuffixTree:
         for m in range(1, min(self.depth - 1, len(context)) + 1):
             node = self.root
             for tok in context[len(context) - m:]:
-                node = node.children.get(tok)
+                node = node.children.get(tok) if node.children else None
                 if node is None:
                     return out
             out.append((m, node))
