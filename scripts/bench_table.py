@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Turn the JSON of ``speclab bench --compare --json PATH`` into the markdown tables in the README.
+"""Turn the JSON of ``speclab bench compare --out DIR`` (DIR/compare.json) into the markdown tables in the README.
 
     python scripts/bench_table.py bench_out/compare.json
 """

@@ -1,23 +1,27 @@
 #!/usr/bin/env python
-"""The GPU check (issue 16): one prepared command for a CUDA machine that writes what the lab claims
+"""The GPU check: one prepared command for a CUDA machine that writes what the lab claims
 about GPUs into an output folder.
 
-    python scripts/gpu_check.py --out DIR            # on a CUDA machine: ~5 minutes, hard cap --budget
+    python scripts/gpu_check.py --out DIR            # on a CUDA machine: 4-5 minutes, hard cap --budget (540 s)
     python scripts/gpu_check.py --out DIR --dry-run  # tiny sizes on the CPU: every section's code path
 
 Sections, each in its own process (a CUDA error or a hang in one cannot take the others down), each
 with a time budget (``--timeout``) and saved as it goes (a section stopped at its budget keeps its rows):
 
-  env               device, driver and library versions
+  env               device, driver and library versions; the HBM and matmul peaks used (by device name)
   kernel            the Triton acceptance kernel against the PyTorch reference, up to B*(K+1)*V past 2^31
   roofline          a 1B-class random Llama (bf16), decode and verify step at batch 1 against the HBM
-                    roofline (weight + KV bytes / bandwidth), eager vs CUDA graphs
+                    roofline (weight + KV bytes / bandwidth), eager vs CUDA graphs; device time by kernel kind
+  round             the speculative round (1B target, small draft, k = 4) run entirely on the device
+                    (scripts/gpu_round.py), one CUDA graph per round: draft, verify, acceptance and
+                    bookkeeping against the floor at batch 1..64, speedups at alpha 0.6 and 0.8, identity
   crossover-1b      speculative (synthetic drafts, alpha 0.6 and 0.8) vs plain decoding, batch 1..256, on
                     the 1B target with CUDA graphs: the crossover batch
   exactness         greedy identity in fp32 (speculative = plain = HF generate; family and tiny models,
                     CUDA graphs on and off); bf16 speculative vs plain
   crossover-family  the crossover rows for the embedded family (its draft, prompt lookup, synthetic)
-  compile           the roofline's graph step with torch.compile (Inductor) fusing the small kernels
+  compile           the roofline's graph step with torch.compile (Inductor) fusing the small kernels; the
+                    whole step and the whole round compiled and captured as one graph
   train             a stronger family (10x the target's tokens): only with --only train, or in --dry-run
 
 Outputs: DIR/gpu_check.json (everything), DIR/gpu_check.md (the tables; its first table is the one for
@@ -45,8 +49,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-H200_GBS = 4800.0  # HBM3e peak, GB/s (the datasheet number speclab.analysis.roofline's h200 preset holds)
+from gpu_round import (PHASES, DeviceRound, expected_tokens, forward_floor_s, kernel_breakdown,  # noqa: E402
+                       kv_bytes, weight_bytes)
+
+# Datasheet peaks by device name: HBM GB/s and dense bf16 TFLOPS (the roofline's two floors). The first name
+# that occurs in torch.cuda.get_device_name() wins; --bandwidth-gbs and --peak-tflops override.
+DEVICE_PEAKS = (("H200", 4800.0, 989.0), ("H100 PCIe", 2000.0, 756.0), ("H100", 3350.0, 989.0),
+                ("A100", 2039.0, 312.0), ("L40S", 864.0, 362.0))
+H200_GBS = DEVICE_PEAKS[0][1]
+H200_TFLOPS = DEVICE_PEAKS[0][2]
 TIE_RTOL = 1e-4  # a next-token mismatch is a summation-order tie when the draw is this close to a CDF step
 PART_BYTES = 15 * 2**20  # what one returned file may hold (the device tool returns files up to 16 MiB)
 
@@ -66,6 +79,12 @@ class Sizes:
     big: dict = field(default_factory=lambda: dict(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192,
                                                    vocab=32000, max_pos=4096))
     big_dtype: str = "bfloat16"
+    # the round section's draft: a small Llama on the target's vocabulary (~24M parameters, most in its head)
+    draft: dict = field(default_factory=lambda: dict(hidden=512, layers=4, heads=8, kv_heads=2, ffn=1536,
+                                                     vocab=32000, max_pos=4096))
+    round_batches: tuple = (1, 8, 16, 32, 64)
+    rounds: int = 30  # rounds timed per batch and mode
+    identity_new: int = 24
     context: int = 512
     reps: int = 50
     k: int = 4
@@ -87,19 +106,23 @@ class Sizes:
         return cls(device="cpu", kernel_cases=((16, 4, 50, False), (16, 3, 64, True), (8, 0, 20, False)),
                    kernel_large=None, kernel_timing=None,
                    big=dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=512, max_pos=512),
-                   big_dtype="float32", context=24, reps=3, batches=(1, 2, 4), prompt_len=8, new_tokens=8,
+                   draft=dict(hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, vocab=512, max_pos=512),
+                   round_batches=(1, 2), rounds=3, identity_new=12, big_dtype="float32", context=24, reps=3, batches=(1, 2, 4), prompt_len=8, new_tokens=8,
                    family_new=8, exact_prompts=2, exact_new=8, train_tiny=True)
 
 
 # name, title, budget on the GPU (s), budget in the dry run (s)
+# The GPU budgets add up to more than the default --budget (540 s): each is a cap for a section that hangs,
+# the whole run stops at --budget, and the sections' usual times are a fraction of their caps.
 SECTIONS = [
     ("env", "environment", 30, 60),
-    ("kernel", "Triton acceptance kernel vs PyTorch reference", 75, 150),
-    ("roofline", "1B-class decode step vs HBM roofline, eager vs CUDA graphs", 90, 120),
-    ("crossover-1b", "speculative vs plain, synthetic drafts, 1B target", 150, 150),
-    ("exactness", "greedy identity (fp32) and bf16 speculative vs plain", 90, 180),
-    ("crossover-family", "speculative vs plain, embedded family", 100, 150),
-    ("compile", "1B decode step with torch.compile + CUDA graphs", 150, 120),
+    ("kernel", "Triton acceptance kernel vs PyTorch reference", 60, 150),
+    ("roofline", "1B-class decode step vs HBM roofline, eager vs CUDA graphs, where the time goes", 75, 120),
+    ("round", "the speculative round taken apart on the device, one CUDA graph per round", 100, 150),
+    ("crossover-1b", "speculative vs plain, synthetic drafts, 1B target", 90, 150),
+    ("exactness", "greedy identity (fp32) and bf16 speculative vs plain", 75, 180),
+    ("crossover-family", "speculative vs plain, embedded family", 75, 150),
+    ("compile", "torch.compile + CUDA graphs: the engine's step and the whole round", 150, 150),
     ("train", "a stronger family trained on the GPU", 540, 240),
 ]
 OPT_IN = ("train",)  # run on the GPU only when asked for with --only
@@ -112,7 +135,8 @@ class Part:
 
     def __init__(self, path: Path, name: str):
         self.path, self.name = path, name
-        self.data = {"name": name, "status": "running", "reason": "", "summary": {}, "rows": [], "notes": []}
+        self.data = {"name": name, "status": "running", "reason": "", "summary": {}, "rows": [], "notes": [],
+                     "tables": {}}
         self.save()
 
     def save(self) -> None:
@@ -127,6 +151,12 @@ class Part:
         self.data["rows"].append(kw)
         self.save()
         self.log("  ".join(f"{k}={_fmt(v)}" for k, v in kw.items()))
+
+    def table(self, name: str, **kw) -> None:
+        """A row of a second table of the section (its own columns: a kernel breakdown, the speedups)."""
+        self.data["tables"].setdefault(name, []).append(kw)
+        self.save()
+        self.log(f"{name}: " + "  ".join(f"{k}={_fmt(v)}" for k, v in kw.items()))
 
     def note(self, msg: str) -> None:
         self.data["notes"].append(msg)
@@ -208,25 +238,24 @@ def random_llama(dims: dict, dev: str, dtype: str, *, copy_head: bool = False, s
     return LM(f"llama-{dims['hidden']}x{dims['layers']}-random", "", model, tok, "native")
 
 
-def weight_bytes(lm) -> int:
-    """Bytes a decode step reads from weights: everything but the embedding table (one row is read);
-    a tied LM head is counted once, as the head."""
-    m = lm.hf_model
-    seen, total = set(), 0
-    emb = m.model.embed_tokens.weight
-    for p in m.parameters():
-        if p.data_ptr() in seen:
-            continue
-        seen.add(p.data_ptr())
-        total += p.numel() * p.element_size()
-    if m.lm_head.weight.data_ptr() != emb.data_ptr():
-        total -= emb.numel() * emb.element_size()
-    return total
+def device_peaks(name: str) -> tuple[float, float] | None:
+    """(HBM GB/s, dense bf16 TFLOPS) of a device by its name, or None for a device not in DEVICE_PEAKS."""
+    for key, gbs, tflops in DEVICE_PEAKS:
+        if key in name:
+            return gbs, tflops
+    return None
 
 
-def kv_bytes(lm, rows: int, slots: int) -> int:
-    c = lm.native.cfg
-    return 2 * c.n_layers * c.n_kv_heads * c.head_dim * slots * rows * lm.native.embed.element_size()
+def resolve_peaks(args) -> None:
+    """Fill --bandwidth-gbs and --peak-tflops the user left out from the device's name (H200's otherwise)."""
+    torch = _torch()
+    found = device_peaks(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
+    gbs, tflops = found or (H200_GBS, H200_TFLOPS)
+    args.peaks_from = "device name" if found else "H200 datasheet (device not in the table)"
+    if args.bandwidth_gbs is None:
+        args.bandwidth_gbs = gbs
+    if args.peak_tflops is None:
+        args.peak_tflops = tflops
 
 
 # ---------------------------------------------------------------------------------------------- env
@@ -248,6 +277,7 @@ def sec_env(part: Part, args, sz: Sizes) -> None:
         info["free_gib"] = round(free / 2**30, 1)
     else:
         info["device"] = "cpu (dry run)" if args.dry_run else "cpu"
+    info.update(bandwidth_gbs=args.bandwidth_gbs, peak_tflops=args.peak_tflops, peaks_from=args.peaks_from)
     part.summary(**info)
     part.row(**{k: v for k, v in info.items() if k in ("device", "torch", "triton", "transformers", "cuda")})
 
@@ -307,8 +337,8 @@ def tie_gap(b: int, tok_a: int, tok_b: int, drafts, dp, tp, nd, ref, un) -> floa
 
 def sec_kernel(part: Part, args, sz: Sizes) -> None:
     torch = _torch()
-    from speclab.engine.acceptance import rejection_sample
-    from speclab.kernels.rejection import fused_rejection_sample, triton_available
+    from speclab.engine.acceptance import fused_rejection_sample, rejection_sample
+    from speclab.kernels.rejection import triton_available
 
     dev = sz.device
     if not triton_available(dev):
@@ -341,8 +371,9 @@ def sec_kernel(part: Part, args, sz: Sizes) -> None:
         diff = (ref.next_token != got.next_token).nonzero().flatten().tolist()
         gaps = [tie_gap(b, int(ref.next_token[b]), int(got.next_token[b]), drafts, dp, tp, nd, ref, un) for b in diff]
         ties = sum(g <= TIE_RTOL for g in gaps)
-        verdict = ("exact" if acc_eq and bonus_eq and not diff else
-                   "exact up to summation order" if acc_eq and bonus_eq and ties == len(diff) else "MISMATCH")
+        # both sides draw on an integer CDF (exact in any order): a tie is no excuse, any difference is a
+        # mismatch; summation_ties says how many differing draws sat at a CDF step (a float-order symptom)
+        verdict = "exact" if acc_eq and bonus_eq and not diff else "MISMATCH"
         verdicts.append(verdict)
         largest = max(largest, elements)
         part.row(B=B, K=K, V=V, drafts="deterministic" if det else "sampled", elements=elements,
@@ -359,8 +390,7 @@ def sec_kernel(part: Part, args, sz: Sizes) -> None:
         tr = time_fn(lambda: rejection_sample(*inputs), 20, dev)
         part.summary(kernel_ms=tk["synced_ms"], reference_ms=tr["synced_ms"], timing_shape=f"B={B} K={K} V={V}")
         part.row(timing=f"B={B} K={K} V={V}", kernel_ms=tk["synced_ms"], reference_ms=tr["synced_ms"])
-    overall = ("MISMATCH" if "MISMATCH" in verdicts else
-               "exact up to summation order" if "exact up to summation order" in verdicts else "exact")
+    overall = "MISMATCH" if "MISMATCH" in verdicts else "exact"
     part.summary(verdict=overall, cases=len(verdicts), largest_elements=largest, past_2_31=largest > 2**31)
 
 
@@ -395,7 +425,8 @@ def step_fns(lm, rows: int, T: int, context: int, *, graphs: bool, capture: bool
 def roofline_rows(part: Part, lm, sz: Sizes, modes: list[tuple[str, dict]], bandwidth: float,
                   tokens: tuple[int, ...]) -> dict:
     """Rows (T, mode, step ms, roofline ms, fraction) for each T in ``tokens`` and each mode (the first
-    mode's logits are the reference of the others'); returns {(T, mode): synced ms}."""
+    mode's logits are the reference of the others'), and for T = 1 where each mode's device time goes;
+    returns {(T, mode): synced ms}."""
     torch = _torch()
     dev = str(lm.device)
     wb = weight_bytes(lm)
@@ -423,6 +454,9 @@ def roofline_rows(part: Part, lm, sz: Sizes, modes: list[tuple[str, dict]], band
                      achieved_gbs=read / (t["synced_ms"] * 1e-3) / 1e9, max_abs_logit_diff=diff,
                      same_argmax=same_argmax, stats=dict(getattr(cache, "stats", {})),
                      setup_s=round(time.perf_counter() - t0, 2))
+            if T == 1:
+                for row in kernel_breakdown(fn, dev, 10):
+                    part.table("kernels", T=T, mode=mode, step_ms=t["synced_ms"], **row)
     return out
 
 
@@ -471,6 +505,209 @@ def sec_compile(part: Part, args, sz: Sizes) -> None:
     c = times.get((1, modes[-1][0]))
     part.summary(roofline_ms=floor, compiled_ms=c, fraction_compiled=floor / c if (c and cuda) else None,
                  backend=backend, mode=modes[-1][0])
+    compiled_rounds(part, args, sz, lm, backend, cuda)
+
+
+def compiled_rounds(part: Part, args, sz: Sizes, target, backend: str, cuda: bool) -> None:
+    """The whole round (plain decoding, then speculative with the small draft) at batch 1 with its forwards
+    compiled, then captured as one graph: the least a decode step and a round take here."""
+    torch = _torch()
+    draft = random_llama(sz.draft, sz.device, sz.big_dtype, seed=1)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, target.vocab_size - 1, (1, sz.context), generator=g).to(sz.device)
+    best = "cuda graph" if cuda else "eager"
+    times = {}
+    for k in (0, sz.k):
+        t0 = time.perf_counter()
+        r = DeviceRound(target, draft if k else None, 1, k, sz.context + (sz.rounds + 3) * (k + 1) + 1,
+                        compile=backend)
+        floors = round_floors(target, draft, 1, k, sz.context, args)
+        times[k] = time_round(part, r, prompts, sz, cuda, floors, dict(batch=1, k=k, compile=backend),
+                              table="whole round, compiled")[best]["round_ms"]
+        part.log(f"k={k}: compiled, captured and timed in {time.perf_counter() - t0:.1f}s")
+        if k == 0:
+            floor = floors["verify_s"] * 1e3
+            part.summary(round_compiled_ms=times[0], round_floor_ms=floor,
+                         fraction_round_compiled=floor / times[0] if cuda else None, round_mode=best)
+    part.summary(spec_round_compiled_ms=times[sz.k], k=sz.k,
+                 spec_speedup={f"{a}": expected_tokens(a, sz.k) * times[0] / times[sz.k] for a in sz.alphas})
+
+
+# ---------------------------------------------------------------------------------------------- round
+def round_floors(target, draft, rows: int, k: int, slots: int, args) -> dict:
+    """Floor seconds of a round's forwards: the draft's k steps (the first reads two tokens) and the verify
+    forward of k + 1 tokens per row, each the longer of its HBM read and its matmuls at the peak rate."""
+    f = lambda lm, T, n: forward_floor_s(lm, rows, T, n, args.bandwidth_gbs, args.peak_tflops)  # noqa: E731
+    d = 0.0
+    if k > 0:
+        d = f(draft, 2, slots)["floor_s"] + (k - 1) * f(draft, 1, slots)["floor_s"]
+    v = f(target, k + 1, slots + k)
+    return {"draft_s": d, "verify_s": v["floor_s"], "verify_hbm_s": v["hbm_s"], "verify_matmul_s": v["matmul_s"]}
+
+
+def time_round(part: Part, r: DeviceRound, prompts, sz: Sizes, cuda: bool, floors: dict, label: dict,
+               profile: bool = False, table: str | None = None) -> dict:
+    """Eager, then (on CUDA) graphed: phase times and the whole round's time; one row each (in the section's
+    rows, or in ``table``); with ``profile`` the device time of the last mode's round by kind of kernel.
+    Returns {mode: {round_ms, floor_ms, the phases' ms}}."""
+    torch = _torch()
+    r.prefill(prompts)
+    snap = r.snapshot()
+    modes = [("eager", False)]
+    if cuda:
+        t0 = time.perf_counter()
+        r.capture()
+        label = dict(label, capture_s=round(time.perf_counter() - t0, 2))
+        modes.append(("cuda graph", True))
+    out = {}
+    floor_ms = (floors["draft_s"] + floors["verify_s"]) * 1e3
+    for mode, graphs in modes:
+        r.restore(snap)
+        ph = r.time_phases(sz.rounds, graphs)
+        r.restore(snap)
+        whole = r.time_whole(sz.rounds, graphs)
+        per_round = float((r.length - prompts.shape[1]).float().mean()) / sz.rounds
+        out[mode] = dict(round_ms=whole, floor_ms=floor_ms, **{f"{p}_ms": ph[p] for p in PHASES})
+        add = part.row if table is None else (lambda **kw: part.table(table, **kw))
+        add(**label, mode=mode, **{f"{p}_ms": ph[p] for p in PHASES}, phases_ms=ph["round"], round_ms=whole,
+            floor_ms=floor_ms, fraction=floor_ms / whole, draft_floor_ms=floors["draft_s"] * 1e3,
+            verify_floor_ms=floors["verify_s"] * 1e3,
+            verify_bound="matmul" if floors["verify_matmul_s"] > floors["verify_hbm_s"] else "hbm",
+            tokens_per_round=per_round)
+    if profile:
+        mode, graphs = modes[-1]
+        r.restore(snap)
+        kinds = kernel_breakdown(lambda: r.replay("round") if graphs else r.round(), r.dev, sz.rounds - 1)
+        if not kinds:
+            part.note(f"{label}: the profiler saw no kernels in the {mode} round")
+        for row in kinds:
+            part.table("kernels", **label, mode=mode, round_ms=out[mode]["round_ms"], **row)
+    r.restore(snap)
+    if cuda:
+        torch.cuda.synchronize()
+    return out
+
+
+def sec_round(part: Part, args, sz: Sizes) -> None:
+    """The speculative round of a 1B target and a small draft taken apart (draft steps, verify, acceptance,
+    bookkeeping) at each batch, against its floor, eagerly and as CUDA graphs (one per phase, and one for the
+    whole round); plain decoding through the same code (k = 0) beside it; the speedups at acceptance 0.6 and
+    0.8 that the measured round times imply; greedy identity of the round with graphs on and off."""
+    torch = _torch()
+    dev = sz.device
+    cuda = dev == "cuda" and torch.cuda.is_available()
+    target = random_llama(sz.big, dev, sz.big_dtype, copy_head=True)
+    draft = random_llama(sz.draft, dev, sz.big_dtype, copy_head=True, seed=1)
+    part.summary(target_dims=sz.big, draft_dims=sz.draft, dtype=sz.big_dtype, k=sz.k, context=sz.context,
+                 rounds=sz.rounds, bandwidth_gbs=args.bandwidth_gbs, peak_tflops=args.peak_tflops,
+                 cuda_graphs=cuda, draft_parameters=sum(p.numel() for p in draft.hf_model.parameters()))
+    if not cuda:
+        part.note("cuda graphs: skipped: no CUDA (the phases and rounds run eagerly)")
+    part.note("random weights with copy heads: every draft is accepted (k + 1 tokens a round); a static round's "
+              "time does not depend on acceptance, so speedups at other acceptance rates follow from the times")
+    g = torch.Generator().manual_seed(0)
+    V = target.vocab_size
+    best = "cuda graph" if cuda else "eager"
+    speed: dict[str, dict[int, float]] = {f"{a}": {} for a in sz.alphas}
+    for rows in sz.round_batches:
+        prompts = torch.randint(0, V - 1, (rows, sz.context), generator=g).to(dev)
+        times = {}
+        for k in (0, sz.k):
+            max_len = sz.context + (sz.rounds + 1) * (k + 1) + 1
+            r = DeviceRound(target, draft if k else None, rows, k, max_len)
+            floors = round_floors(target, draft, rows, k, sz.context, args)
+            try:
+                times[k] = time_round(part, r, prompts, sz, cuda, floors, dict(batch=rows, k=k), profile=rows == 1)
+            except Exception as e:  # noqa: BLE001 - one batch failing (memory) leaves the others
+                part.note(f"batch {rows} k={k}: {type(e).__name__}: {str(e)[:300]}")
+            del r
+        if 0 in times and sz.k in times:
+            for a in sz.alphas:
+                t0, tk = times[0][best]["round_ms"], times[sz.k][best]["round_ms"]
+                sp = expected_tokens(a, sz.k) * t0 / tk
+                speed[f"{a}"][rows] = sp
+                part.table("speedup", batch=rows, k=sz.k, mode=best, alpha=a, speedup=sp,
+                           tokens_per_s=rows * expected_tokens(a, sz.k) / tk * 1e3, plain_tokens_per_s=rows / t0 * 1e3)
+            if rows == 1:
+                part.summary(batch1={"plain": times[0][best], "speculative": times[sz.k][best]})
+        if cuda:
+            torch.cuda.empty_cache()
+        # after every batch: a section stopped at its budget keeps the crossover of the batches it measured
+        cross = {a: next((b for b, v in sorted(sp.items()) if v < 1.0), None) for a, sp in speed.items()}
+        part.summary(speedup=speed, crossover_batch=cross, batches=[b for b in sz.round_batches if b <= rows],
+                     mode=best)
+    del target, draft
+    round_identity(part, sz, cuda)
+
+
+def _round_tokens(target, draft, prompts, k: int, new: int, graphs: bool) -> list[list[int]]:
+    """Every row's first ``new`` generated tokens from DeviceRound (graphed or eager)."""
+    P = prompts.shape[1]
+    r = DeviceRound(target, draft if k else None, prompts.shape[0], k, P + (new + 3) * (k + 1) + 1)
+    r.prefill(prompts)
+    if graphs:
+        r.capture()
+    for _ in range(new):  # at least one token a round
+        r.replay("round") if graphs else r.round()
+    return [row[P:P + new] for row in r.tokens()]
+
+
+def round_identity(part: Part, sz: Sizes, cuda: bool) -> None:
+    """fp32 tiny models (the draft a perturbed copy of the target: some drafts accepted, some not): the round,
+    plain and speculative, graphed and eager, against HF generate. bf16 1B (random heads: greedy paths that
+    vary): the round with graphs on against off, and speculative against plain."""
+    modes = (False, True) if cuda else (False,)
+    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_round_"))
+    try:
+        ok = tiny_round_identity(part, sz, modes, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    part.summary(fp32_identical=ok)
+    torch = _torch()
+    target = random_llama(sz.big, sz.device, sz.big_dtype)
+    draft = random_llama(sz.draft, sz.device, sz.big_dtype, seed=1)
+    g = torch.Generator().manual_seed(5)
+    prompts = torch.randint(0, target.vocab_size - 1, (4, sz.context), generator=g).to(sz.device)
+    outs = {(gr, k): _round_tokens(target, draft, prompts, k, sz.identity_new, gr) for gr in modes for k in (0, sz.k)}
+    if cuda:
+        for k in (0, sz.k):
+            same = _identity_row(part, f"{_round_name(k)}, graph = eager", sz.big_dtype, True,
+                                 outs[(True, k)], outs[(False, k)])
+            part.summary(**{f"graph_equals_eager_k{k}": same})
+    _identity_row(part, f"{_round_name(sz.k)} = plain round", sz.big_dtype, cuda, outs[(cuda, sz.k)], outs[(cuda, 0)])
+
+
+def tiny_round_identity(part: Part, sz: Sizes, modes: tuple, tmp: Path) -> bool:
+    torch = _torch()
+    from speclab.models import load_model
+
+    tname, dname, texts = _tiny_models(tmp)
+    tl = load_model(tname, device=sz.device, dtype=torch.float32, role="target")
+    dl = load_model(dname, device=sz.device, dtype=torch.float32, role="draft")
+    prompts = torch.tensor([tl.encode(t)[:8] for t in texts if len(tl.encode(t)) >= 8], device=tl.device)
+    ref = []
+    for row in prompts:  # HF stops at EOS (and emits it); the round does not stop: compare up to HF's end
+        gen = tl.hf_model.generate(input_ids=row[None], attention_mask=torch.ones_like(row[None]), do_sample=False,
+                                   max_new_tokens=sz.identity_new, pad_token_id=0)
+        ref.append(gen[0, prompts.shape[1]:].tolist())
+    ok = True
+    for graphs in modes:
+        for k in (0, sz.k):
+            got = _round_tokens(tl, dl, prompts, k, sz.identity_new, graphs)
+            got = [x[:len(y)] for x, y in zip(got, ref)]
+            ok &= _identity_row(part, f"{_round_name(k)} = HF generate", "fp32", graphs, got, ref)
+    return ok
+
+
+def _round_name(k: int) -> str:
+    return f"speculative round (k={k})" if k else "plain round"
+
+
+def _identity_row(part: Part, check: str, dtype: str, graphs: bool, got, ref) -> bool:
+    same, share = _agreement(got, ref)
+    part.table("identity", check=check, dtype=dtype, cuda_graph=graphs, rows_identical=f"{same}/{len(ref)}",
+               tokens_in_common_prefix=share, ok=same == len(ref))
+    return same == len(ref)
 
 
 # ---------------------------------------------------------------------------------------------- crossovers
@@ -809,7 +1046,8 @@ def sec_train(part: Part, args, sz: Sizes) -> None:
     part.summary(train_s=round(time.perf_counter() - t0, 1), weights=parts)
 
 
-FUNCS = {"env": sec_env, "kernel": sec_kernel, "roofline": sec_roofline, "crossover-1b": sec_crossover_1b,
+FUNCS = {"env": sec_env, "kernel": sec_kernel, "roofline": sec_roofline, "round": sec_round,
+         "crossover-1b": sec_crossover_1b,
          "exactness": sec_exactness, "crossover-family": sec_crossover_family, "compile": sec_compile,
          "train": sec_train}
 
@@ -825,6 +1063,7 @@ def run_child(args) -> int:
         import torch
 
         torch.set_num_threads(1)
+    resolve_peaks(args)
     part = Part(Path(args.part), args.child)
     try:
         FUNCS[args.child](part, args, sz)
@@ -874,7 +1113,10 @@ def timeouts(args) -> dict:
 def run_section(name: str, args, part_path: Path, limit: float, log) -> tuple[str, float]:
     """The section in its own process; its output goes to stdout and the log. Returns (how it ended, s)."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--part", str(part_path),
-            "--out", str(args.out), "--bandwidth-gbs", str(args.bandwidth_gbs), "--draft-cost", str(args.draft_cost)]
+            "--out", str(args.out), "--draft-cost", str(args.draft_cost)]
+    for flag, v in (("--bandwidth-gbs", args.bandwidth_gbs), ("--peak-tflops", args.peak_tflops)):
+        if v is not None:
+            argv += [flag, str(v)]
     if args.dry_run:
         argv.append("--dry-run")
     if args.no_graphs:
@@ -908,31 +1150,18 @@ def run_section(name: str, args, part_path: Path, limit: float, log) -> tuple[st
     return how, time.perf_counter() - t0
 
 
+def _f(x, spec) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
 def headline(sections: dict, dry: bool) -> list[tuple[str, str, str]]:
     """(metric, value, target) rows for the README."""
 
     def s(name):
         return sections.get(name, {}).get("summary", {})
 
-    def f(x, spec):
-        return "n/a" if x is None else format(x, spec)
-
-    rows = []
-    r = s("roofline")
-    if r:
-        rows.append((f"1B decode step, batch 1 ({r.get('dtype')}, {r.get('context')} ctx), eager",
-                     f"{f(r.get('eager_ms'), '.3f')} ms = {f(r.get('fraction_eager'), '.0%')} of roofline "
-                     f"({f(r.get('roofline_ms'), '.3f')} ms)", ""))
-        rows.append(("... with CUDA graphs", f"{f(r.get('graphs_ms'), '.3f')} ms = "
-                     f"{f(r.get('fraction_graphs'), '.0%')} of roofline", ">= 70%"))
-        rows.append(("CUDA-graph speedup, decode step (verify k+1)", f"{f(r.get('graph_speedup'), '.2f')}x "
-                     f"({f(r.get('verify_graph_speedup'), '.2f')}x)", ""))
-    c = s("compile")
-    if c and c.get("compiled_ms") is not None:
-        rows.append((f"... {c.get('mode')}",
-                     f"{f(c.get('compiled_ms'), '.3f')} ms = {f(c.get('fraction_compiled'), '.0%')} of roofline",
-                     ">= 70%"))
-    for name, label in (("crossover-1b", "1B target"), ("crossover-family", "embedded family")):
+    rows = _step_headline(s("roofline"), s("compile")) + _round_headline(s("round"))
+    for name, label in (("crossover-1b", "1B target, engine"), ("crossover-family", "embedded family, engine")):
         x = s(name).get("crossover_batch")
         if x:
             top = max(s(name).get("batches") or [0])
@@ -941,15 +1170,67 @@ def headline(sections: dict, dry: bool) -> list[tuple[str, str, str]]:
     k = s("kernel")
     if k:
         rows.append(("Triton kernel vs PyTorch reference", f"{k.get('verdict')} ({k.get('cases')} cases, up to "
-                     f"{f(k.get('largest_elements'), ',')} elements)", "exact"))
+                     f"{_f(k.get('largest_elements'), ',')} elements)", "exact"))
     e = s("exactness")
     if e:
         rows.append(("greedy identity, fp32 (speculative = plain = HF generate)",
                      "identical" if e.get("fp32_identical") else "DIFFERENT", "identical"))
         rows.append(("bf16 speculative vs plain, rows identical", f"{e.get('bf16_rows_identical')} (tokens in common "
-                     f"prefix {f(e.get('bf16_tokens_in_common_prefix'), '.1%')})", ""))
+                     f"prefix {_f(e.get('bf16_tokens_in_common_prefix'), '.1%')})", ""))
     if dry:
         rows = [(m, v + " [dry run]", t) for m, v, t in rows]
+    return rows
+
+
+def _step_headline(r: dict, c: dict) -> list[tuple[str, str, str]]:
+    rows = []
+    if r:
+        rows.append((f"1B decode step, batch 1 ({r.get('dtype')}, {r.get('context')} ctx), eager",
+                     f"{_f(r.get('eager_ms'), '.3f')} ms = {_f(r.get('fraction_eager'), '.0%')} of roofline "
+                     f"({_f(r.get('roofline_ms'), '.3f')} ms at {_f(r.get('bandwidth_gbs'), '.0f')} GB/s)", ""))
+        rows.append(("... the engine's graphed step", f"{_f(r.get('graphs_ms'), '.3f')} ms = "
+                     f"{_f(r.get('fraction_graphs'), '.0%')} of roofline", ""))
+        rows.append(("CUDA-graph speedup, decode step (verify k+1)", f"{_f(r.get('graph_speedup'), '.2f')}x "
+                     f"({_f(r.get('verify_graph_speedup'), '.2f')}x)", ""))
+    if c and c.get("compiled_ms") is not None:
+        rows.append((f"... the engine's step, {c.get('mode')}",
+                     f"{_f(c.get('compiled_ms'), '.3f')} ms = {_f(c.get('fraction_compiled'), '.0%')} of roofline",
+                     ""))
+    if c and c.get("round_compiled_ms") is not None:
+        rows.append((f"... the whole step (forward, argmax, bookkeeping) compiled, {c.get('round_mode')}",
+                     f"{_f(c.get('round_compiled_ms'), '.3f')} ms = {_f(c.get('fraction_round_compiled'), '.0%')} "
+                     f"of roofline", ">= 60%"))
+        sp = c.get("spec_speedup") or {}
+        rows.append((f"speculative round (k={c.get('k')}) compiled, {c.get('round_mode')}, batch 1",
+                     f"{_f(c.get('spec_round_compiled_ms'), '.3f')} ms; speedup over the compiled step "
+                     + ", ".join(f"{_f(v, '.2f')}x at alpha {a}" for a, v in sp.items()), ""))
+    return rows
+
+
+def _round_headline(r: dict) -> list[tuple[str, str, str]]:
+    if not r:
+        return []
+    rows = []
+    b1 = r.get("batch1") or {}
+    sp = b1.get("speculative")
+    if sp:
+        phases = ", ".join(f"{p} {_f(sp.get(p + '_ms'), '.3f')}" for p in PHASES)
+        rows.append((f"speculative round, batch 1, k={r.get('k')}, {r.get('mode')} ({r.get('dtype')})",
+                     f"{_f(sp['round_ms'], '.3f')} ms ({phases} ms); floor {_f(sp['floor_ms'], '.3f')} ms "
+                     f"= {_f(sp['floor_ms'] / sp['round_ms'], '.0%')}", ""))
+    speed = r.get("speedup") or {}
+    if speed:
+        val = "; ".join(f"alpha {a}: " + ", ".join(f"b{b} {_f(v, '.2f')}x" for b, v in sorted(d.items(),
+                        key=lambda x: int(x[0]))) for a, d in speed.items())
+        rows.append(("speculative / plain round (same code, one graph each)", val, ""))
+        top = max(r.get("batches") or [0])
+        cross = r.get("crossover_batch") or {}
+        rows.append(("crossover batch, whole-round graphs", ", ".join(
+            f"alpha {a}: {b if b is not None else f'none up to {top}'}" for a, b in cross.items()), ""))
+    if "fp32_identical" in r:
+        same = r.get("fp32_identical") and r.get(f"graph_equals_eager_k{r.get('k')}", True)
+        rows.append(("greedy identity of the round, graphs on and off (fp32 = HF generate; bf16 graph = eager)",
+                     "identical" if same else "DIFFERENT", "identical"))
     return rows
 
 
@@ -989,14 +1270,20 @@ def markdown(report: dict) -> str:
         if not rows:
             lines.append(f"_{sec['status']}{': ' + sec['reason'] if sec.get('reason') else ''}_")
             continue
-        cols = []
-        for r in rows:
-            cols += [c for c in r if c not in cols and c != "stats" and c != "graph_stats"]
-        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows]
+        lines += _table(rows)
+        for tname, trows in (sec.get("tables") or {}).items():
+            lines += ["", f"### {name}: {tname}", ""] + _table(trows)
         for n in sec.get("notes", []):
             lines.append(f"\n- {_cell(n)}")
     return "\n".join(lines) + "\n"
+
+
+def _table(rows: list[dict]) -> list[str]:
+    cols = []
+    for r in rows:
+        cols += [c for c in r if c not in cols and c != "stats" and c != "graph_stats"]
+    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            + ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows])
 
 
 def run_parent(args) -> int:
@@ -1009,7 +1296,7 @@ def run_parent(args) -> int:
         return 2
     chosen = select(args)
     limits = timeouts(args)
-    budget = args.budget if args.budget is not None else (600.0 if args.dry_run else 480.0)
+    budget = args.budget if args.budget is not None else (1200.0 if args.dry_run else 540.0)
     logf = open(out / "gpu_check.log", "w", encoding="utf-8")
     lock = threading.Lock()
 
@@ -1052,6 +1339,7 @@ def run_parent(args) -> int:
         report["sections"][name] = sec
         if name == "env":
             report["device"] = data.get("summary", {}).get("device")
+            report["bandwidth_gbs"] = data.get("summary", {}).get("bandwidth_gbs", report["bandwidth_gbs"])
         report["wall_s"] = time.perf_counter() - t_start
         report["headline"] = headline(report["sections"], args.dry_run)
         write_outputs(out, report)
@@ -1078,9 +1366,12 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", action="append", default=None, metavar="[NAME=]SECONDS",
                     help="a section's time limit (repeatable; without NAME: every section)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="the whole run's limit in seconds (default 480 on the GPU, 600 dry): a section gets at "
+                    help="the whole run's limit in seconds (default 540 on the GPU, 1200 dry): a section gets at "
                          "most what is left")
-    ap.add_argument("--bandwidth-gbs", type=float, default=H200_GBS, help="HBM bandwidth (H200: 4800 GB/s)")
+    ap.add_argument("--bandwidth-gbs", type=float, default=None,
+                    help="HBM bandwidth in GB/s (default: the device's datasheet peak, e.g. H100 3350, H200 4800)")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="dense bf16 matmul peak in TFLOPS (default: the device's, e.g. 989 on an H100 or H200)")
     ap.add_argument("--draft-cost", type=float, default=0.1,
                     help="synthetic draft step cost, as a fraction of the target's decode step as run")
     ap.add_argument("--no-graphs", action="store_true", help="crossovers without CUDA graphs")

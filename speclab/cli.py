@@ -179,7 +179,7 @@ def _terminated(signum, frame) -> None:
 
 def exit_cleanly_on_sigterm() -> None:
     """SIGTERM's default ends the process at once, running no ``finally`` clause: the servers a benchmark or
-    ``speclab load`` started, each in its own session, would be left running. Raised as :class:`Terminated` in the
+    ``speclab load`` started, each in its own process group, would be left running. Raised as :class:`Terminated` in the
     main thread instead, it unwinds the ``with`` blocks that stop them. Only where SIGTERM still has its default
     (a host that handles it keeps its handler; ``speclab serve``'s uvicorn installs its own while it serves)."""
     import signal
@@ -190,8 +190,13 @@ def exit_cleanly_on_sigterm() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .analysis.flags import old_spelling
     from .defaults import default_draft, default_target
 
+    moved = old_spelling(sys.argv[1:] if argv is None else list(argv))
+    if moved:  # an old command line fails here, naming its new form, instead of running something else
+        print(f"speclab: error: {moved}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     exit_cleanly_on_sigterm()

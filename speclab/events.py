@@ -73,7 +73,7 @@ class RoundEvent:
     run_id: int
     round: int  # verification rounds so far (a prefill carries the number of the rounds before it)
     time: float  # perf_counter when this round's tokens were known on the host
-    timings: dict[str, float]  # seconds per phase: prefill | draft, verify, accept, other
+    timings: dict[str, float]  # seconds per phase: prefill | draft, verify, accept, bookkeeping, other
     rows: list[RowRound] = field(default_factory=list)  # the rows that took part
     phase: str = "verify"  # "prefill": new requests' prompts and their first tokens; "verify": a round
     running: int = 0  # requests running after this event

@@ -1,8 +1,9 @@
 """Prompt workloads: the JSONL files in ``datasets/`` and the Spec-Bench / MT-Bench format.
 
-Each workload line is ``{"id": ..., "category": ..., "prompt": ...}``. The files live in the repository's
-``datasets/`` folder and are mirrored into ``speclab/datasets/`` so an installed package has them too
-(:func:`sync_package_datasets` refreshes the mirror; a test checks they match).
+Each workload line is ``{"id": ..., "category": ..., "prompt": ...}`` (held-out lines add ``"source"``: the
+package and file the text was taken from). The files live in the repository's one ``datasets/`` folder; an
+installed package carries the same files as ``speclab/datasets/`` (the build copies the folder there, see
+``setup.py``; the source tree holds one copy).
 
 Spec-Bench / MT-Bench ``question.jsonl`` lines are ``{"question_id", "category", "turns": [...]}``; the
 first turn is the prompt. They are read from a path the user gives (:func:`load_specbench`), and
@@ -12,18 +13,19 @@ first turn is the prompt. They are read from a path the user gives (:func:`load_
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import SpeclabError
 
-PACKAGE_DATASETS = Path(__file__).resolve().parent / "datasets"
+PACKAGE_DATASETS = Path(__file__).resolve().parent / "datasets"  # where an install puts datasets/
 REPO_DATASETS = Path(__file__).resolve().parents[1] / "datasets"
 WORKLOADS = ("code", "json", "copy", "tech_prose", "creative")
+# text the family never trained on (datasets/heldout_*.jsonl, built by scripts/build_heldout.py)
+HELDOUT_WORKLOADS = ("heldout_json", "heldout_code", "heldout_prose")
 
-__all__ = ["Prompt", "WORKLOADS", "datasets_dir", "list_workloads", "load_workload", "load_all",
-           "load_specbench", "sync_package_datasets", "workload_names"]
+__all__ = ["Prompt", "WORKLOADS", "HELDOUT_WORKLOADS", "datasets_dir", "list_workloads", "load_workload",
+           "load_all", "load_specbench", "workload_names"]
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,8 @@ class Prompt:
 
 
 def datasets_dir() -> Path:
-    """The repository's ``datasets/`` when running from a checkout, else the packaged mirror."""
-    if REPO_DATASETS.is_dir() and any(REPO_DATASETS.glob("*.jsonl")):
+    """The checkout's ``datasets/`` (next to ``pyproject.toml``), else the installed ``speclab/datasets/``."""
+    if (REPO_DATASETS.parent / "pyproject.toml").is_file() and REPO_DATASETS.is_dir():
         return REPO_DATASETS
     return PACKAGE_DATASETS
 
@@ -116,9 +118,6 @@ def _resolve_path(name_or_path: str | Path) -> Path:
     candidate = datasets_dir() / f"{name_or_path}.jsonl"
     if candidate.exists():
         return candidate
-    fallback = PACKAGE_DATASETS / f"{name_or_path}.jsonl"
-    if fallback.exists():
-        return fallback
     known = ", ".join(list_workloads()) or "none"
     raise SpeclabError(f"unknown workload {name_or_path!r} (known: {known}; or give a path to a .jsonl file)")
 
@@ -150,20 +149,3 @@ def load_specbench(path: str | Path) -> list[Prompt]:
 def load_all() -> dict[str, list[Prompt]]:
     """Every bundled workload, by name."""
     return {name: load_workload(name) for name in list_workloads()}
-
-
-def sync_package_datasets(src: Path = REPO_DATASETS, dst: Path = PACKAGE_DATASETS) -> list[Path]:
-    """Copy ``datasets/*.jsonl`` into the package mirror (run after editing a workload)."""
-    dst.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for p in sorted(src.glob("*.jsonl")):
-        target = dst / p.name
-        if not target.exists() or target.read_bytes() != p.read_bytes():
-            shutil.copyfile(p, target)
-        copied.append(target)
-    return copied
-
-
-if __name__ == "__main__":  # python -m speclab.workloads: refresh the packaged mirror
-    for p in sync_package_datasets():
-        print(p)

@@ -12,9 +12,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from speclab.engine.acceptance import rejection_sample  # noqa: E402
+from speclab.engine.acceptance import fused_rejection_sample, rejection_sample  # noqa: E402
 from speclab.engine.sampling import sample_from_probs  # noqa: E402
-from speclab.kernels.rejection import HAVE_TRITON, fused_rejection_sample, row_offset, triton_available  # noqa: E402
+from speclab.kernels.rejection import HAVE_TRITON, row_offset, triton_available  # noqa: E402
 
 assert HAVE_TRITON and triton_available("cpu")
 g = torch.Generator().manual_seed(0)

@@ -22,8 +22,8 @@ def run(argv, capsys):
     return code, out.out, out.err
 
 
-def verdicts(path):
-    return {v["workload"]: v for v in json.loads(path.read_text())["verdicts"]}
+def verdicts(folder):
+    return {v["workload"]: v for v in json.loads((folder / "advice.json").read_text())["verdicts"]}
 
 
 # ------------------------------------------------------------------------------- the three documented cases
@@ -31,10 +31,10 @@ def verdicts(path):
 
 def test_prefill_dominated_workload_is_not_enabled(tmp_path, capsys):
     # TTFT 1500 ms against 19 x 8 ms of decode: decode is 152 / 1652 = 9% of a request
-    code, out, err = run(["advise", *H100_8B, "--acceptance", "json:0.8", "--ttft-ms", "1500", "--tpot-ms", "8",
-                          "--output-tokens", "20", "--json", str(tmp_path / "a.json")], capsys)
+    code, out, err = run(["advise", "what-if", *H100_8B, "--acceptance", "json:0.8", "--ttft-ms", "1500",
+                          "--tpot-ms", "8", "--output-tokens", "20", "--out", str(tmp_path / "a")], capsys)
     assert code == 0, err
-    v = verdicts(tmp_path / "a.json")["json"]
+    v = verdicts(tmp_path / "a")["json"]
     assert not v["enable"] and v["reason"] == "prefill-bound" and v["k"] == 0
     assert "DO NOT ENABLE (prefill-bound)" in out
     assert "[FAIL] decode-bound share of request time (all): 9% decode" in out
@@ -45,34 +45,34 @@ def test_prefill_dominated_workload_is_not_enabled(tmp_path, capsys):
 def test_saturated_deployment_is_not_enabled(tmp_path, capsys):
     # 256 concurrent rows of short context: the verify's matmuls are compute-bound (256 x 3 tokens is
     # past an H100's ridge), so no k pays; at 64 rows the same traffic still gains
-    args = ["advise", *H100_8B, "--acceptance", "chat:0.6", "--context", "256"]
-    code, out, err = run([*args, "--concurrency", "256", "--json", str(tmp_path / "s.json")], capsys)
+    args = ["advise", "what-if", *H100_8B, "--acceptance", "chat:0.6", "--context", "256"]
+    code, out, err = run([*args, "--concurrency", "256", "--out", str(tmp_path / "s")], capsys)
     assert code == 0, err
-    v = verdicts(tmp_path / "s.json")["chat"]
+    v = verdicts(tmp_path / "s")["chat"]
     assert not v["enable"] and v["reason"] == "saturated" and v["crossover"] <= 256
     assert v["speedup_at_1"] > 1.1  # it would pay at low concurrency: the reason is the load
     assert "DO NOT ENABLE (saturated)" in out and "compute-bound" in out
-    code, out, err = run([*args, "--concurrency", "64", "--json", str(tmp_path / "s64.json")], capsys)
-    v64 = verdicts(tmp_path / "s64.json")["chat"]
+    code, out, err = run([*args, "--concurrency", "64", "--out", str(tmp_path / "s64")], capsys)
+    v64 = verdicts(tmp_path / "s64")["chat"]
     assert v64["enable"] and v64["policy"] == "goodput"  # the crossover is within 4x: switch off past it
     assert v64["pays_up_to"] == v["crossover"] - 1
 
 
 def test_low_acceptance_creative_workload_is_not_enabled(tmp_path, capsys):
-    code, out, err = run(["advise", *H100_8B, "--acceptance", "json:0.8,creative:0.1", "--concurrency", "1",
-                          "--json", str(tmp_path / "c.json")], capsys)
+    code, out, err = run(["advise", "what-if", *H100_8B, "--acceptance", "json:0.8,creative:0.1", "--concurrency", "1",
+                          "--out", str(tmp_path / "c")], capsys)
     assert code == 0, err
-    vs = verdicts(tmp_path / "c.json")
+    vs = verdicts(tmp_path / "c")
     assert not vs["creative"]["enable"] and vs["creative"]["reason"] == "low acceptance"
     assert vs["json"]["enable"] and vs["json"]["k"] >= 3 and vs["json"]["throughput_change"] > 0.5
     assert "creative: DO NOT ENABLE (low acceptance)" in out and "json: ENABLE" in out
 
 
 def test_enable_gives_k_tpot_and_the_engines_flags(tmp_path, capsys):
-    code, out, err = run(["advise", *H100_8B, "--acceptance", "json:0.8", "--concurrency", "8",
-                          "--json", str(tmp_path / "e.json")], capsys)
+    code, out, err = run(["advise", "what-if", *H100_8B, "--acceptance", "json:0.8", "--concurrency", "8",
+                          "--out", str(tmp_path / "e")], capsys)
     assert code == 0, err
-    v = verdicts(tmp_path / "e.json")["json"]
+    v = verdicts(tmp_path / "e")["json"]
     assert v["enable"] and v["tpot_ms"] < v["plain_tpot_ms"] and v["speedup"] > 1.5
     sl = v["flags"]["speclab"]
     assert sl.startswith("speclab serve --model meta-llama/Llama-3.1-8B-Instruct --speculative-config ")
@@ -91,7 +91,7 @@ def test_enable_gives_k_tpot_and_the_engines_flags(tmp_path, capsys):
 
 
 def test_tokenizer_mismatch_blocks(capsys):
-    code, out, _ = run(["advise", *H100_8B, "--acceptance", "json:0.8", "--tokenizer-match", "no"], capsys)
+    code, out, _ = run(["advise", "what-if", *H100_8B, "--acceptance", "json:0.8", "--tokenizer-match", "no"], capsys)
     assert code == 0 and "DO NOT ENABLE (tokenizer mismatch)" in out
 
 
@@ -163,8 +163,8 @@ def test_reads_real_lab_results(tmp_path, capsys):
     w = inp.workloads[0]
     assert w.name == "json" and w.per_position and len(w.per_position) == 2 and w.crossover_measured
     assert inp.tpot_ms is not None and inp.tpot_source == "measured"
-    code, out, err = run(["advise", "--from", str(tmp_path / "acc.json"), "--hardware", "cpu", "--target-params",
-                          "5.27e6", "--bytes-per-param", "4", "--draft-params", "4.2e5"], capsys)
+    code, out, err = run(["advise", "what-if", "--from", str(tmp_path / "acc.json"), "--hardware", "cpu",
+                          "--target-model", "5.27e6", "--bytes-per-param", "4", "--draft-model", "4.2e5"], capsys)
     assert code == 0, err
     assert "(json)" in out and "measured" in out
 
@@ -173,9 +173,9 @@ def test_reads_real_lab_results(tmp_path, capsys):
 
 
 def test_validate_table_has_every_error(tmp_path, capsys):
-    code, out, err = run(["advise", "--validate", "--json", str(tmp_path / "v.json")], capsys)
+    code, out, err = run(["advise", "validate", "--out", str(tmp_path)], capsys)
     assert code == 0, err
-    rows = json.loads((tmp_path / "v.json").read_text())
+    rows = json.loads((tmp_path / "validation.json").read_text())
     assert len(rows) >= 12
     for r in rows:
         assert r["roofline_error"] is not None and r["source"].startswith("https://")
@@ -187,45 +187,26 @@ def test_validate_table_has_every_error(tmp_path, capsys):
     assert "docs.sglang.io" in out and "Spec-Bench" in out
 
 
-@pytest.mark.slow
-def test_check_cpu_small_run_and_advise_from_it(tmp_path, capsys):
-    from speclab.family import list_models
-
-    if not {"target", "draft-xs-distill"} <= {m["name"] for m in list_models()}:
-        pytest.skip("family not trained")
-    path = tmp_path / "check.json"
-    code, out, err = run(["advise", "--check-cpu", "--workload", "json", "--batches", "1,2", "--max-new-tokens", "12",
-                          "--reps", "1", "-k", "3", "--quiet", "--json", str(path)], capsys)
-    assert code == 0, err
-    rep = json.loads(path.read_text())
-    assert [(c["workload"], c["batch"]) for c in rep["cells"]] == [("json", 1), ("json", 2)]
-    for c in rep["cells"]:
-        assert c["measured_speedup"] > 0 and c["predicted_speedup"] > 0 and c["roofline_speedup"] > 0
-        assert c["error"] == pytest.approx(c["predicted_speedup"] / c["measured_speedup"] - 1)
-    assert "within 20%" in out and rep["command"].startswith("speclab advise --check-cpu")
-    code, out, err = run(["advise", "--from", str(path), "--concurrency", "2"], capsys)
-    assert code == 0, err
-    assert "json:" in out and "step costs: measured" in out
-
-
 # ------------------------------------------------------------------------------- bad input: one line, exit 2
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["advise", "--hardware", "tpu9", "--target-model", "llama-3.1-8b", "--draft-cost", "0", "--acceptance", "a:0.5"],
+    (["advise", "what-if", "--hardware", "tpu9", "--target-model", "llama-3.1-8b", "--draft-cost", "0",
+      "--acceptance", "a:0.5"],
      "unknown hardware 'tpu9'"),
-    (["advise", *H100_8B, "--acceptance", "json=0.7"], "--acceptance wants NAME:RATE"),
-    (["advise", *H100_8B, "--acceptance", "json:1.7"], "is not a rate in [0, 1]"),
-    (["advise", *H100_8B], "no acceptance to judge"),
-    (["advise", *H100_8B, "--from", "/nonexistent/x.json"], "no such file"),
-    (["advise", "--hardware", "h100", "--draft-cost", "0", "--acceptance", "a:0.5"], "give the target"),
-    (["advise", "--hardware", "h100", "--target-model", "llama-3.1-8b", "--acceptance", "a:0.5"], "give the draft"),
-    (["advise", "--acceptance", "a:0.5"], "give --hardware"),
-    (["advise", *H100_8B, "--acceptance", "a:0.5", "--concurrency", "0"], "--concurrency"),
-    (["advise", *H100_8B, "--acceptance", "a:0.5", "--k-max", "99"], "k (draft length)"),
-    (["advise", "--check-cpu", "-k", "0"], "needs k >= 1"),
-    (["advise", "--check-cpu", "--batches", "1,x"], "--batches: 'x' is not a number"),
-    (["advise", "--check-cpu", "--synthetic", "0.5"], "--synthetic wants ALPHA:COST"),
+    (["advise", "what-if", *H100_8B, "--acceptance", "json=0.7"], "--acceptance wants NAME:RATE"),
+    (["advise", "what-if", *H100_8B, "--acceptance", "json:1.7"], "is not a rate in [0, 1]"),
+    (["advise", "what-if", *H100_8B], "no acceptance to judge"),
+    (["advise", "what-if", *H100_8B, "--from", "/nonexistent/x.json"], "no such file"),
+    (["advise", "what-if", "--hardware", "h100", "--draft-cost", "0", "--acceptance", "a:0.5"], "give the target"),
+    (["advise", "what-if", "--hardware", "h100", "--target-model", "llama-3.1-8b", "--acceptance", "a:0.5"],
+     "give the draft"),
+    (["advise", "--acceptance", "a:0.5", "--target", "someorg/not-here"], "model its hardware with `speclab advise "
+     "what-if --hardware PRESET"),
+    (["advise", "what-if", *H100_8B, "--acceptance", "a:0.5", "--target-model", "8e9:32"],
+     "--target-model wants a named shape or PARAMS"),
+    (["advise", "what-if", *H100_8B, "--acceptance", "a:0.5", "--concurrency", "0"], "--concurrency"),
+    (["advise", "what-if", *H100_8B, "--acceptance", "a:0.5", "--k-max", "99"], "k (draft length)"),
 ])
 def test_bad_input_is_one_line(argv, needle, capsys):
     code, _, err = run(argv, capsys)
@@ -236,8 +217,8 @@ def test_bad_input_is_one_line(argv, needle, capsys):
 def test_unreadable_files_are_one_line(tmp_path, capsys):
     (tmp_path / "x.json").write_text('{"something": 1}')
     (tmp_path / "y.json").write_text("not json")
-    for f, needle in (("x.json", "not a result the advisor knows"), ("y.json", "not a JSON or CSV file")):
-        code, _, err = run(["advise", *H100_8B, "--from", str(tmp_path / f)], capsys)
+    for f, needle in (("x.json", "holds no acceptance the advisor can read"), ("y.json", "not a JSON or CSV file")):
+        code, _, err = run(["advise", "what-if", *H100_8B, "--from", str(tmp_path / f)], capsys)
         assert code == 2 and needle in err and err.count("\n") == 1
 
 
@@ -254,7 +235,7 @@ def test_roofline_deployment_object():
 
 
 def test_docs_table_matches_the_validation():
-    """docs/advisor.md's validation table is the one `speclab advise --validate` computes."""
+    """docs/advisor.md's validation table is the one `speclab advise validate` computes."""
     from pathlib import Path
 
     from speclab.analysis.published import format_value, validate
@@ -270,8 +251,8 @@ def test_docs_table_matches_the_validation():
 
 
 def test_ragged_batch_time_by_hand():
+    from benchmarks.cpucheck import ragged_time
     from speclab.analysis.costmodel import MeasuredCosts
-    from speclab.analysis.cpucheck import ragged_time
 
     costs = MeasuredCosts({(1, 1): 1.0, (2, 1): 1.5, (1, 3): 2.0, (2, 3): 3.0}, {1: 0.1, 2: 0.2})
     # k = 2; row 0 needs 6 tokens at 3 a round (2 rounds), row 1 12 at 2 (6 rounds): 2 rounds of both
@@ -279,3 +260,91 @@ def test_ragged_batch_time_by_hand():
     assert ragged_time(costs, 2, [6, 12], [3, 2], lambda n: 0.0) == pytest.approx(15.6)
     # plain decoding: 6 rounds of both (1.5 s), 6 of one (1 s); plus 0.1 s of host time a round
     assert ragged_time(costs, 0, [6, 12], [1, 1], lambda n: 0.1) == pytest.approx(6 * 1.6 + 6 * 1.1)
+
+
+# ------------------------------------------------------------------------------- any result the lab writes
+
+
+@pytest.mark.slow
+def test_advise_from_a_real_load_result_with_no_other_flag(tmp_path, capsys):
+    """`speclab load --json` against two real `speclab serve` processes on free ports (the family's default draft,
+    and plain decoding), then `speclab advise --from` each file alone. The speculative run carries acceptance and
+    latencies but no step costs: the advisor times them here and says so in one line. The plain run carries no
+    acceptance: one line that names the flag which supplies it."""
+    pytest.importorskip("fastapi")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from speclab.family import DEFAULT_TARGET, resolve
+    from speclab.load.servers import speclab_serve
+
+    if resolve(DEFAULT_TARGET) is None:
+        pytest.skip("family weights not present")
+    with ThreadPoolExecutor(2) as pool:
+        starting = [pool.submit(speclab_serve, threads=1),
+                    pool.submit(speclab_serve, speculative_config="none", threads=1)]
+    servers = [f.result() for f in starting if f.exception() is None]  # every one that came up is stopped below
+    try:
+        for f in starting:
+            f.result()  # a server that failed to start fails the test here
+        for server, name in zip(servers, ("spec", "plain")):
+            code, _, err = run(["load", server.url, "--workload", "json", "--num-requests", "4", "--max-tokens",
+                                "24", "--quiet", "--json", str(tmp_path / f"{name}.json")], capsys)
+            assert code == 0, err
+    finally:
+        for s in servers:
+            s.stop()
+    code, printed, err = run(["advise", "--from", str(tmp_path / "spec.json"), "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "step costs: the result has none, so they were timed on this machine" in printed
+    assert "(served)" in printed and "scraped" in printed and "speclab serve --model target" in printed
+    advice = json.loads((tmp_path / "advice.json").read_text())
+    assert [v["workload"] for v in advice["verdicts"]] == ["served"]
+    code, printed, err = run(["advise", "--from", str(tmp_path / "plain.json")], capsys)
+    assert code == 2 and err.count("\n") == 1 and "hold no acceptance" in err and "--acceptance NAME:RATE" in err
+
+
+def test_reads_a_bench_serve_result(tmp_path):
+    """The rows `speclab bench serve` writes (:func:`speclab.analysis.bench_serve._row`, built from the load tool's
+    level summaries): the speculative server's acceptance at the lowest load, plain decoding's TTFT and TPOT."""
+    from speclab.analysis.bench_serve import _row
+
+    def level(ttft, tpot, spec_len):
+        return {"summary": {"completed": 4, "failed": 0, "output_throughput": 100.0, "request_throughput": 1.0,
+                            "ttft_ms": {"p50": ttft, "mean": ttft}, "tpot_ms": {"mean": tpot, "p95": tpot},
+                            "e2e_ms": {"p95": 500.0}},
+                "fingerprint": {"call": "bursty" if spec_len else "smooth", "mean_tokens_per_burst": 1.0},
+                "server": {"spec_decode": {"mean_acceptance_length": spec_len} if spec_len else None}}
+
+    rows = [_row("speclab plain", "json", 1, level(20.0, 8.0, None)),
+            _row("speclab speculative", "json", 1, level(22.0, 4.0, 3.1)),
+            _row("speclab plain", "json", 4, level(40.0, 9.0, None)),
+            _row("speclab speculative", "json", 4, level(45.0, 6.0, 2.9))]
+    (tmp_path / "serve.json").write_text(json.dumps({"target": "target", "rows": rows}))
+    inp = read_inputs([tmp_path / "serve.json"], concurrency=4)
+    assert [(w.name, w.mean_length, w.source) for w in inp.workloads] == [("json", 3.1, "scraped")]
+    assert inp.tpot_ms == 9.0 and inp.tpot_is_plain and inp.ttft_ms == 40.0 and inp.target == "target"
+
+
+@pytest.mark.slow
+def test_advise_from_bench_results_with_no_other_flag(tiny, tmp_path, capsys):
+    """`speclab bench heads` and `speclab bench policies` on the tiny target, tiny settings, then `speclab advise
+    --from` each result (with --target: a result names its model by its short name, and the tiny one's is the
+    family target's); a synthetic-drafter result holds no measured acceptance: one line naming the flag."""
+    code, _, err = run(["bench", "heads", "--target", tiny["target"], "--workload", "json", "--max-new-tokens", "6",
+                        "--budget", "3", "--k", "2", "--prompts-per-workload", "1", "--reps", "1", "--quiet",
+                        "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    code, _, err = run(["bench", "policies", "--target", tiny["target"], "--draft", tiny["draft_close"],
+                        "--workload", "json,code", "--batches", "1", "--k", "2", "--policy", "none",
+                        "--prompts-per-workload", "1", "--reps", "1", "--max-new-tokens", "6", "--quiet",
+                        "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    for name, workloads in (("heads", {"json"}), ("policies", {"json", "code"})):
+        code, printed, err = run(["advise", "--from", str(tmp_path / f"{name}.json"), "--target", tiny["target"],
+                                  "--out", str(tmp_path / name)], capsys)
+        assert code == 0, (name, err)
+        assert "timed on this machine" in printed
+        assert set(verdicts(tmp_path / name)) == workloads
+    (tmp_path / "synthetic.json").write_text(json.dumps({"cells": [{"alpha": 0.5, "k": 2, "batch": 1}]}))
+    code, _, err = run(["advise", "--from", str(tmp_path / "synthetic.json")], capsys)
+    assert code == 2 and "synthetic-drafter result" in err and "--acceptance NAME:RATE" in err

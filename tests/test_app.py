@@ -111,10 +111,34 @@ def test_custom_models_need_the_flag(tiny):
 
 def test_no_target_is_a_message_not_a_crash(monkeypatch):
     monkeypatch.setattr(config, "_family", lambda: [])
-    cfg = config.AppConfig.build()
+    cfg = config.AppConfig.build(presets=False)
     assert cfg.targets == () and cfg.default_target is None and cfg.default_draft == "ngram"
     with pytest.raises(SpeclabError, match="--target"):
         decode.validate_decode(cfg, "hello", None, "ngram", 2, 1, 0, 1, 8, 0)
+    # the hub presets are offered, never the default: the first screen must not start a download
+    cfg = config.AppConfig.build()
+    assert cfg.default_target is None and cfg.default_draft == "ngram" and "qwen2.5-7b" in cfg.targets
+    with pytest.raises(SpeclabError, match="--target"):
+        decode.validate_decode(cfg, "hello", None, "ngram", 2, 1, 0, 1, 8, 0)
+
+
+def test_presets_are_offered_with_their_download_and_fail_offline_in_one_line(tiny, monkeypatch):
+    from speclab.app.ui.common import label
+
+    cfg = config.AppConfig.build(target=tiny["target"], draft=tiny["draft"])
+    assert cfg.default_target == tiny["target"] and cfg.default_draft == tiny["draft"]
+    assert {"smollm2-360m", "qwen2.5-7b", "llama-3.1-8b"} <= set(cfg.targets) & set(cfg.drafts)
+    assert cfg.drafts[-2:] == ("ngram", "none")
+    assert label("qwen2.5-7b", "target").startswith("qwen2.5-7b: Qwen/Qwen2.5-7B-Instruct (hub, ~15.2 GB")
+    assert label("qwen2.5-7b", "draft").startswith("qwen2.5-7b: Qwen/Qwen2.5-0.5B-Instruct (hub, ~1.0 GB")
+    monkeypatch.setenv("SPECLAB_PRESETS", "0")
+    assert "qwen2.5-7b" not in config.AppConfig.from_env(target=tiny["target"]).targets
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    s = decode.validate_decode(cfg, "hello", "qwen2.5-7b", "ngram", 2, 1, 0, 1, 8, 0)
+    with pytest.raises(SpeclabError, match=r"preset 'qwen2.5-7b' needs Qwen/Qwen2.5-7B-Instruct .*HF_HUB_OFFLINE.*"
+                                           r"embedded family works offline") as e:
+        list(decode.run_decode(cfg, s))
+    assert "\n" not in str(e.value)
 
 
 def test_batch_rows_and_sweep_validation(tiny):
@@ -252,9 +276,11 @@ def test_requirements_match_pyproject():
     root = Path(__file__).resolve().parents[1]
     proj = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     want = {d.replace(" ", "") for d in proj["dependencies"] + proj["optional-dependencies"]["app"]}
-    lines = (root / "requirements.txt").read_text().splitlines()
-    have = {ln.split("#")[0].strip().replace(" ", "") for ln in lines if ln.split("#")[0].strip()}
+    lines = [ln.split("#")[0].strip() for ln in (root / "requirements.txt").read_text().splitlines()]
+    have = {ln.replace(" ", "") for ln in lines if ln and not ln.startswith("-")}
     assert have == want
+    # a CPU Space must not pull PyPI's CUDA build of torch
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in lines
 
 
 def test_spaces_decorator_is_a_noop_without_spaces():
@@ -389,10 +415,10 @@ def test_sweep_and_timing_bad_input(client, models):
 
 @pytest.mark.slow
 def test_timing_endpoint(client, models):
-    status, gaps, cum, ttft, table = client.predict("def fibonacci(n):\n", models["target"], models["draft"], 4, 24,
-                                                    api_name="/timing")
+    status, gaps, cum, ttft, table, phases = client.predict("def fibonacci(n):\n", models["target"], models["draft"],
+                                                            4, 24, api_name="/timing")
     assert status.startswith("✓"), status
-    assert gaps["type"] == "altair" and ttft["type"] == "altair"
+    assert gaps["type"] == "altair" and ttft["type"] == "altair" and phases["type"] == "altair"
     methods = [r[0] for r in table["data"]]
     assert methods[0] == "baseline (k=0)" and len(methods) == 2
     assert all(r[1] > 0 for r in table["data"])  # TTFT for both
@@ -409,6 +435,9 @@ def test_timing_ttfts_agree_on_a_warm_process(models):
     assert list(r["ttft"]["repeats"]) == [5, 5]
     assert abs(base - spec) <= max(2.0, 0.5 * max(base, spec)), (base, spec)
     assert r["speedup"] is not None and r["speedup"] > 0
+    ph = r["phases"]  # a round phase by phase, each method beside its floor
+    assert {"baseline (k=0)", "floor: plain step"} <= set(ph["method"]) and (ph["ms"] >= 0).all()
+    assert ph[ph["method"] == "baseline (k=0)"]["ms"].sum() > 0
 
 
 @pytest.mark.slow
@@ -464,7 +493,8 @@ def test_load_tab_measures_its_own_server_and_reads_the_pacing(models):
     assert (table["failed"] == 0).all() and (table["tok_s"] > 0).all()
     assert set(table[table["policy"] == "off"]["verdict"]) == {"plain"}
     assert set(table[table["policy"] == "fixed"]["verdict"]) == {"speculative"}
-    assert len(acc) == 2 and (acc["policy"] == "fixed").all() and (acc["acceptance_rate"] > 0).all()
+    assert len(acc) == 4 and (acc["policy"] == "fixed").all() and (acc["acceptance_rate"] > 0).all()
+    assert sorted(acc["workload"]) == ["all", "all", "json", "json"]  # the level, and the one workload tag it sent
 
 
 def test_load_tab_dead_server_is_one_line(models):
@@ -516,3 +546,97 @@ def test_stop_gate_refuses_a_run_that_begins_while_stop_waits():
     assert list(old) == []  # resumed, the old run sees the stop (not cleared by the late run) and ends
     t.join(5)
     assert stopped == [True]
+
+
+# ------------------------------------------------------------------------------ start-up and the Space
+def test_busy_port_is_one_line(capsys):
+    import socket
+
+    from speclab.app import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+
+
+@pytest.mark.slow
+def test_start_up_names_the_apps_own_share_flag(server):
+    log = server.log()
+    assert f"speclab app on http://127.0.0.1:{server.port}/" in log
+    assert "python app.py --share" in log and "share=True" not in log and "Traceback" not in log
+
+
+def _space_check():
+    import importlib.util
+    from importlib.machinery import SourceFileLoader
+    from pathlib import Path
+
+    path = str(Path(__file__).resolve().parents[1] / "scripts" / "space_check")
+    spec = importlib.util.spec_from_file_location("space_check", path, loader=SourceFileLoader("space_check", path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _git_repo(root, files: dict[str, bytes], attributes: str = "", hfignore: str = ""):
+    import subprocess
+
+    for rel, data in {**files, ".gitattributes": attributes.encode(), ".hfignore": hfignore.encode()}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)
+    return root
+
+
+def test_space_files_honour_hfignore_and_lfs(tmp_path):
+    sc = _space_check()
+    big = b"x" * (sc.HUB_LIMIT + 1)
+    files = {"app.py": b"print()", "w/model.safetensors": b"\0\1", "tests/t.py": b"", "docs/results/r.json": b"{}",
+             "docs/a.md": b"#", "big.txt": big, "img.png": b"\x89PNG\0"}
+    repo = _git_repo(tmp_path / "r", files, hfignore="tests/\ndocs/results/\n",
+                     attributes="*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    got = sc.space_files(repo)
+    assert set(got) == {"app.py", "w/model.safetensors", "docs/a.md", "big.txt", "img.png", ".gitattributes",
+                        ".hfignore"}
+    with pytest.raises(sc.CheckFailed, match=r"2 binary or > 10 MB file\(s\) not stored through LFS.*big.txt.*img.png"):
+        sc.check_storage(repo, got)
+    (repo / ".gitattributes").write_text("*.safetensors filter=lfs\n*.png filter=lfs\nbig.txt filter=lfs\n")
+    assert sc.check_storage(repo, got)[0] == 3
+
+
+def test_space_requirements_drop_only_unreachable_indexes(tmp_path):
+    sc = _space_check()
+    src = tmp_path / "requirements.txt"
+    src.write_text(f"--extra-index-url http://127.0.0.1:9/whl/cpu\n--extra-index-url file://{tmp_path}\ntorch==2\n")
+    notes = sc.requirements_here(src, tmp_path / "out.txt")
+    assert len(notes) == 1 and "127.0.0.1:9" in notes[0]
+    assert (tmp_path / "out.txt").read_text().split("\n")[:2] == [f"--extra-index-url file://{tmp_path}", "torch==2"]
+
+
+def test_the_repository_is_a_space_the_hub_accepts():
+    """Every binary or > 10 MB file the Space holds is stored through LFS (the Hub refuses the rest)."""
+    sc = _space_check()
+    files = sc.space_files(sc.REPO)
+    assert "app.py" in files and "requirements.txt" in files and not any(f.startswith("tests/") for f in files)
+    assert sc.check_storage(sc.REPO, files)[0] >= 1  # the family's weights
+
+
+@pytest.mark.slow
+def test_space_builds_from_requirements_and_decodes(tmp_path):
+    """scripts/space_check end to end: a fresh venv from requirements.txt alone, the staged files, app.py's first
+    screen and one Decode run through gradio_client (minutes: the venv installs torch and gradio)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "space_check"
+    r = subprocess.run([sys.executable, str(script), "--venv", str(tmp_path / "venv")], capture_output=True,
+                       text=True, timeout=1500)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[ok] the Space builds and serves" in r.stdout and "torch 2.13.0" in r.stdout and "(CPU)" in r.stdout
+    assert "one Decode run returned" in r.stdout

@@ -2,10 +2,13 @@
 
 Tiny random-weight models of each architecture are built from transformers config classes, saved
 with a character tokenizer, and loaded through ``load_model(path)`` as a user's model would be. For
-each, speclab's greedy output must equal Hugging Face ``generate(do_sample=False)`` on every prompt:
-k in {0, 1, 4, 8}, batch 1 and a ragged batch of 3, with a model draft (a perturbed copy of the
-target: acceptance is partial) and with prompt lookup. Sliding windows are 8 positions and contexts
-are longer than 30, so the window really cuts in (a test checks that it changes the output).
+each, speclab's greedy output must equal a cache-free greedy loop over the same weights (the whole
+context through the model's plain forward every step, argmax of the last position: no cache, no
+mask but the model's own) on every prompt: k in {0, 1, 4, 8}, batch 1 and a ragged batch of 3, with
+a model draft (a perturbed copy of the target: acceptance is partial) and with prompt lookup.
+Sliding windows are 8 positions and contexts are longer than 30, so the window really cuts in (a
+test checks that it changes the output). Qwen2 and Qwen3 windows follow ``max_window_layers`` or an
+explicit ``layer_types``; Gemma-2/3 interleave sliding and global layers and soft-cap logits.
 Architectures whose cache cannot be rolled back exactly are refused at load, in one line.
 """
 
@@ -44,19 +47,35 @@ def _config(arch: str, vocab: int, eos: int):
         return tf.Qwen2Config(**DIMS, **ids)
     if arch == "qwen2-sliding":  # layer 0 full attention, layer 1 a sliding window
         return tf.Qwen2Config(**DIMS, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **ids)
+    if arch == "qwen2-all-sliding":  # max_window_layers = 0: every layer slides
+        return tf.Qwen2Config(**DIMS, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=0, **ids)
+    if arch == "qwen2-layer-types":  # an explicit layer_types wins over max_window_layers: layer 0 slides
+        return tf.Qwen2Config(**DIMS, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
+                              layer_types=["sliding_attention", "full_attention"], **ids)
+    if arch == "qwen3":
+        return tf.Qwen3Config(**DIMS, head_dim=16, **ids)
+    if arch == "qwen3-sliding":  # layer 0 full attention, layer 1 a sliding window
+        return tf.Qwen3Config(**DIMS, head_dim=16, use_sliding_window=True, sliding_window=WINDOW,
+                              max_window_layers=1, **ids)
     if arch == "mistral":  # every layer slides
         return tf.MistralConfig(**DIMS, sliding_window=WINDOW, **ids)
     if arch == "phi3":  # every layer slides
         return tf.Phi3Config(**DIMS, sliding_window=WINDOW, original_max_position_embeddings=256, **ids)
     if arch == "gemma2":  # sliding and full layers alternate; attention and final logit softcapping
         return tf.Gemma2Config(**DIMS, head_dim=16, sliding_window=WINDOW, **ids)
+    if arch == "gemma3":  # sliding (local rotary base) then global; soft-capped attention and final logits
+        return tf.Gemma3TextConfig(**DIMS, head_dim=16, sliding_window=WINDOW, attn_logit_softcapping=20.0,
+                                   final_logit_softcapping=15.0,
+                                   layer_types=["sliding_attention", "full_attention"], **ids)
     raise ValueError(arch)
 
 
 # name -> the model_type it covers on the generic backend (None: the native Llama path)
 ARCHS = {"llama": None, "llama-hf": "llama", "gpt2": "gpt2", "qwen2": "qwen2", "qwen2-sliding": "qwen2",
-         "mistral": "mistral", "phi3": "phi3", "gemma2": "gemma2"}
-SLIDING = ("qwen2-sliding", "mistral", "phi3", "gemma2")
+         "qwen2-all-sliding": "qwen2", "qwen2-layer-types": "qwen2", "qwen3": "qwen3", "qwen3-sliding": "qwen3",
+         "mistral": "mistral", "phi3": "phi3", "gemma2": "gemma2", "gemma3": "gemma3_text"}
+SLIDING = ("qwen2-sliding", "qwen2-all-sliding", "qwen2-layer-types", "qwen3-sliding", "mistral", "phi3", "gemma2",
+           "gemma3")
 
 
 def _save(path, cfg, tokenizer, seed: int, base=None, noise: float = 0.0, head_scale: float = 4.0):
@@ -94,19 +113,28 @@ class Zoo:
         return self.loaded[arch]
 
     def reference(self, arch: str) -> dict[str, list[int]]:
-        """Hugging Face generate(do_sample=False) per prompt, on the very model speclab loaded."""
+        """A cache-free greedy loop per prompt, on the very model speclab loaded."""
         if arch not in self.refs:
-            self.refs[arch] = hf_generate(self.target(arch), PROMPTS)
+            self.refs[arch] = greedy_loop(self.target(arch), PROMPTS)
         return self.refs[arch]
 
 
-def hf_generate(lm, prompts, new: int = NEW) -> dict[str, list[int]]:
+@torch.no_grad()
+def greedy_loop(lm, prompts, new: int = NEW) -> dict[str, list[int]]:
+    """The definition of greedy decoding: the whole context through the model's own forward at every step (no
+    cache, no attention mask of ours: the model builds its causal and sliding masks itself), argmax of the last
+    position; EOS stops a row."""
     out = {}
     for p in prompts:
-        ids = lm.tokenizer(p, return_tensors="pt")
-        gen = lm.hf_model.generate(**ids, do_sample=False, max_new_tokens=new, eos_token_id=lm.eos_token_id,
-                                   pad_token_id=lm.eos_token_id)
-        out[p] = gen[0, ids["input_ids"].shape[1]:].tolist()
+        ctx, gen = lm.encode(p), []
+        for _ in range(new):
+            logits = lm.hf_model(torch.tensor([ctx]), use_cache=False).logits[0, -1, :lm.vocab_size]  # (V,)
+            tok = int(logits.argmax())
+            ctx.append(tok)
+            gen.append(tok)
+            if tok == lm.eos_token_id:
+                break
+        out[p] = gen
     return out
 
 
@@ -125,7 +153,7 @@ def test_loads_on_the_expected_backend(zoo, arch):
     lm = zoo.target(arch)
     assert lm.backend == ("native" if ARCHS[arch] is None else "hf")
     assert lm.config.model_type == (ARCHS[arch] or "llama")
-    if arch == "gemma2":  # sdpa cannot softcap attention logits: the loader falls back to eager
+    if arch in ("gemma2", "gemma3"):  # sdpa cannot softcap attention logits: the loader falls back to eager
         assert lm.hf_model.config._attn_implementation == "eager"
 
 
@@ -144,7 +172,7 @@ def test_reference_is_sharp_and_windows_matter(zoo, arch):
         cfg = lm.hf_model.config
         saved, cfg.sliding_window = cfg.sliding_window, 10 ** 6
         try:
-            unwindowed = hf_generate(lm, PROMPTS)
+            unwindowed = greedy_loop(lm, PROMPTS)
         finally:
             cfg.sliding_window = saved
         assert any(unwindowed[p] != ref[p] for p in PROMPTS), "the window never changed the output"
@@ -166,8 +194,8 @@ CASES = [("plain", 0)] + [(kind, k) for kind in ("draft", "ngram") for k in (1, 
 
 @pytest.mark.parametrize("kind,k", CASES, ids=[f"{kind}-k{k}" for kind, k in CASES])
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_greedy_equals_hf_generate(zoo, arch, kind, k):
-    """Batch 1 on every prompt and a ragged batch of 3: each row equals its own HF generate."""
+def test_greedy_equals_cache_free_loop(zoo, arch, kind, k):
+    """Batch 1 on every prompt and a ragged batch of 3: each row equals its own cache-free greedy loop."""
     target, ref = zoo.target(arch), zoo.reference(arch)
     drafter = _drafter(kind, zoo, arch, target)
     dec = SpeculativeDecoder(target, drafter)
@@ -190,7 +218,7 @@ def test_greedy_equals_hf_generate(zoo, arch, kind, k):
 def test_rows_join_and_leave_mid_run(zoo, arch):
     """Continuous batching on the generic backend: at most 2 rows run; as one finishes the other moves
     into its slot and a waiting request is prefilled beside the running row (its cache joins the
-    running one's). Every request still equals its own HF generate (a prefix of it: shorter budgets)."""
+    running one's). Every request still equals its own greedy loop (a prefix of it: shorter budgets)."""
     target, ref = zoo.target(arch), zoo.reference(arch)
     sched = Scheduler(target, _drafter("draft", zoo, arch, target), Fixed(4), max_running=2)
     budgets = [7, NEW, 13, NEW]
@@ -240,7 +268,7 @@ def test_learned_positions_never_see_junk_positions(zoo, tmp_path):
     target = load_model(str(tmp_path / "target"), device="cpu")
     long_p, short_p = "the cat sat on the mat and the dog", "hi"
     budgets = {long_p: P - len(long_p), short_p: 40}
-    refs = {p: hf_generate(target, [p], new)[p] for p, new in budgets.items()}
+    refs = {p: greedy_loop(target, [p], new)[p] for p, new in budgets.items()}
     for drafter in (make_drafter(str(tmp_path / "draft"), target), PromptLookupDrafter()):
         sched = Scheduler(target, drafter, Fixed(8), max_running=2)
         reqs = [sched.submit(Request(target.encode(p), new)) for p, new in budgets.items()]
@@ -255,6 +283,7 @@ def _occupied(cache: HFKVCache) -> list[int]:
 
 
 @pytest.mark.parametrize("arch", ["llama-hf", "gemma2"])
+@pytest.mark.slow
 def test_cache_stays_bounded(zoo, arch):
     """A long run at k = 8 with a draft that is mostly wrong: after every round each row holds exactly
     its committed context, and no forward ever holds more than the longest context plus k + 1 slots,
@@ -349,7 +378,7 @@ def test_draft_taken_in_late_beside_a_lagging_row(zoo, arch):
     """Rows reach the draft's cache at different times: a row that ran plain rounds lags by many tokens while a row
     that moved into a finished row's slot is taken in late, ahead of a row already held (so the generic backend's
     cache gets a row that is not its newest). Each draft's first token equals the draft model's own greedy choice
-    on the row's whole context, computed afresh, and every request equals its HF generate."""
+    on the row's whole context, computed afresh, and every request equals its greedy loop."""
     from speclab.engine.policies import Choice
 
     class Script:  # round 1: draft (rows taken in); 2-9: plain (rows lag); then draft again

@@ -6,6 +6,7 @@ Models: the embedded family when present, else tiny random Llamas (see tests/tes
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -20,6 +21,9 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent (apt-get install chromium)"),
+    # skip before the app starts (the fixtures would start it first)
+    pytest.mark.skipif(importlib.util.find_spec("playwright") is None,
+                       reason="playwright is absent (bash scripts/setup browser)"),
 ]
 
 
@@ -177,6 +181,7 @@ def test_sweep_chart_renders_offline(page, tmp_path):
     for plot in ("#plot-acc", "#plot-k", "#plot-batch", "#plot-pos"):
         _wait_chart(page, plot)
     page.screenshot(path=str(tmp_path / "sweep.png"), full_page=True)
+    _assert_headers_one_line(page)
     assert not [e for e in page.page_errors if "vega" in e.lower()], page.page_errors
 
 
@@ -190,6 +195,19 @@ def _run_tab(page, tab: str, prefix: str, timeout: int, plots: tuple[str, ...]) 
     return status
 
 
+def _header_lines(page) -> list[list[float]]:
+    """Per table shown: the height of each header's text. A header broken letter by letter ("r e a s o n") stands
+    taller than its one-line neighbours."""
+    return page.evaluate("""() => [...document.querySelectorAll('table')].map(t =>
+        [...t.querySelectorAll('th .header.text')].map(e => e.getBoundingClientRect().height).filter(h => h > 0))
+        .filter(hs => hs.length)""")
+
+
+def _assert_headers_one_line(page):
+    tables = _header_lines(page)
+    assert tables and all(max(hs) == min(hs) for hs in tables), tables
+
+
 def test_timing_tab_renders(page, tmp_path):
     status = _run_tab(page, "Timing", "timing", 120_000, ("#plot-gaps", "#plot-cum", "#plot-ttft"))
     assert "✓" in status, status
@@ -200,12 +218,14 @@ def test_advisor_tab_renders(page, tmp_path):
     status = _run_tab(page, "Advisor", "advise", 60_000, ("#plot-advice",))
     assert "✓" in status and "enable" in status, status
     assert "Not covered" in page.locator("#advise-notes").inner_text()
+    _assert_headers_one_line(page)  # the verdicts' short columns beside the long flags
     page.screenshot(path=str(tmp_path / "advisor.png"), full_page=True)
 
 
 def test_load_tab_runs(page, tmp_path):
     status = _run_tab(page, "Load", "load", 300_000, ("#plot-load", "#plot-pace-low", "#plot-pace-high"))
     assert "✓" in status and "verdict" in status, status
+    _assert_headers_one_line(page)
     page.screenshot(path=str(tmp_path / "load.png"), full_page=True)
 
 

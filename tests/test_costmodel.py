@@ -67,16 +67,19 @@ def test_curve_and_validation():
 
 
 def test_interleaved_timer_orders_and_measures():
-    import time as _time
-
     from speclab.analysis.costmodel import interleaved_times
 
-    calls = []
-    med = interleaved_times({"slow": lambda: (calls.append("s"), _time.sleep(0.004)),
-                             "fast": lambda: calls.append("f")}, reps=5, warmup=1)
+    calls, now = [], [0.0]
+
+    def run(name, cost):  # a callable that takes ``cost`` on a clock the test moves
+        calls.append(name)
+        now[0] += cost
+
+    med = interleaved_times({"slow": lambda: run("s", 4.0 if len(calls) != 2 else 40.0), "fast": lambda: run("f", 1.0)},
+                            reps=5, warmup=1, clock=lambda: now[0])
     assert calls[:4] == ["s", "f", "s", "f"]  # round-robin, not one block per callable
     assert len(calls) == 12
-    assert med["slow"] >= 0.004 > med["fast"]
+    assert med == {"slow": 4.0, "fast": 1.0}  # the median: one stretched run does not move it
 
 
 def test_step_costs_on_shipped_models():

@@ -304,6 +304,7 @@ def test_a_shape_whose_capture_fails_runs_eagerly(target_lm, monkeypatch):
     assert gc.capture_shapes([2], [2], kv_len) == 0  # live rows: nothing captured ahead
 
 
+@pytest.mark.slow
 def test_cli_refuses_cuda_graphs_on_the_cpu():
     import subprocess
     import sys

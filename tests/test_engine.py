@@ -288,7 +288,7 @@ def test_finished_rows_leave_the_round(tiny, target_lm):
 
 
 def test_prefill_groups_bound_the_padding():
-    from speclab.engine.scheduler import prefill_groups
+    from speclab.engine.prefill import prefill_groups
 
     assert prefill_groups([10, 12, 40, 41], 8) == [(0, 2), (2, 4)]  # 2 + 1 padding tokens
     assert prefill_groups([7], 0) == [(0, 1)]
@@ -307,7 +307,7 @@ def test_grouped_prefill_rows_equal_their_solo_runs(tiny, target_lm):
     own longest); every row still equals its solo run, with a model draft admitted group by group."""
     prompts = ["a", "hello world", "the cat sat on the mat " * 6, "x", "one two three four five six " * 5,
                "kv cache", "rollback is bookkeeping " * 8]
-    from speclab.engine.scheduler import prefill_groups
+    from speclab.engine.prefill import prefill_groups
 
     lens = sorted(len(target_lm.encode(p)) for p in prompts)
     assert len(prefill_groups(lens)) > 1  # the case under test
@@ -318,7 +318,7 @@ def test_grouped_prefill_rows_equal_their_solo_runs(tiny, target_lm):
 
 
 def test_admit_runs_group_consecutive_rows_within_the_padding_budget():
-    from speclab.engine.scheduler import admit_runs
+    from speclab.engine.prefill import admit_runs
 
     assert admit_runs([0, 1, 2, 5], [10, 12, 90, 11]) == [(0, 2), (2, 3), (5, 6)]
     assert admit_runs([3], [40]) == [(3, 4)]

@@ -109,7 +109,10 @@ def test_models_command(capsys):
     out = json.loads(capsys.readouterr().out)
     assert isinstance(out, list)
     for m in out:
-        assert {"name", "role", "parameters", "tokenizer", "path"} <= set(m)
+        assert set(m) == {"name", "role", "parameters", "tokenizer", "path", "acceptance"}
+    if out:  # beside the draft models: the heads, early exit and the lookups
+        roles = {m["role"] for m in out}
+        assert {"EAGLE head", "Medusa heads", "early exit", "prompt lookup", "suffix decoding", "hybrid"} <= roles
 
 
 def test_train_command_sends_heads_to_the_head_trainer_and_the_module_entry_offers_models_only(capsys):
@@ -258,6 +261,7 @@ def test_spec_schedules_and_shared_seed():
         assert d.teacher == "target" and t.teacher is None
 
 
+@pytest.mark.slow
 def test_corpus_packages_and_batch_scale():
     """The larger corpus of the GPU-trained family: package sources join the standard library's (named
     ``package/path``, the standard library's names unchanged), an unknown package is a clear error; and

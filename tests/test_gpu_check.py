@@ -22,7 +22,7 @@ sys.modules["gpu_check"] = gpu_check  # dataclasses look their module up there
 spec.loader.exec_module(gpu_check)
 
 
-def _run(out: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def _run(out: Path, *extra: str, timeout: int = 1500) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--dry-run", *extra], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -31,7 +31,7 @@ def _run(out: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProc
 def test_select_and_timeouts():
     args = argparse.Namespace(only=None, skip="compile,kernel", dry_run=False)
     names = [s[0] for s in gpu_check.select(args)]
-    assert names == ["env", "roofline", "crossover-1b", "exactness", "crossover-family"]  # train is opt-in
+    assert names == ["env", "roofline", "round", "crossover-1b", "exactness", "crossover-family"]  # train: opt-in
     args.dry_run = True
     assert "train" in [s[0] for s in gpu_check.select(args)]
     args.only, args.dry_run = "train,env", False
@@ -41,6 +41,13 @@ def test_select_and_timeouts():
         gpu_check.select(args)
     ns = argparse.Namespace(timeout=["30", "kernel=5.5"])
     assert gpu_check.timeouts(ns) == {"*": 30.0, "kernel": 5.5}
+
+
+def test_device_peaks_by_name():
+    assert gpu_check.device_peaks("NVIDIA H200") == (4800.0, 989.0)
+    assert gpu_check.device_peaks("NVIDIA H100 80GB HBM3") == (3350.0, 989.0)
+    assert gpu_check.device_peaks("NVIDIA H100 PCIe") == (2000.0, 756.0)
+    assert gpu_check.device_peaks("NVIDIA GeForce RTX 4090") is None
 
 
 def test_agreement_counts_rows_and_common_prefixes():
@@ -129,26 +136,42 @@ def test_weight_and_kv_bytes():
 
 
 def test_markdown_and_headline_from_a_report():
-    report = {"command": "python scripts/gpu_check.py --out x", "dry_run": False, "started": "now", "budget_s": 480,
+    report = {"command": "python scripts/gpu_check.py --out x", "dry_run": False, "started": "now", "budget_s": 540,
               "wall_s": 100.0, "device": "NVIDIA H200", "sections": {
                   "roofline": {"title": "t", "status": "ok", "wall_s": 10, "budget_s": 90,
                                "summary": {"dtype": "bfloat16", "context": 512, "eager_ms": 2.0, "graphs_ms": 0.6,
                                            "roofline_ms": 0.45, "fraction_eager": 0.225, "fraction_graphs": 0.75,
-                                           "graph_speedup": 3.33, "verify_graph_speedup": 3.0},
-                               "rows": [{"T": 1, "mode": "eager", "step_ms": 2.0}], "notes": ["a | note"]},
+                                           "graph_speedup": 3.33, "verify_graph_speedup": 3.0,
+                                           "bandwidth_gbs": 3350.0},
+                               "rows": [{"T": 1, "mode": "eager", "step_ms": 2.0}], "notes": ["a | note"],
+                               "tables": {"kernels": [{"mode": "eager", "kind": "matmul", "busy_ms": 0.5}]}},
+                  "round": {"title": "r", "status": "ok", "wall_s": 30, "budget_s": 100,
+                            "summary": {"k": 4, "mode": "cuda graph", "dtype": "bfloat16", "batches": [1, 8, 64],
+                                        "batch1": {"speculative": {"round_ms": 1.0, "floor_ms": 0.5, "draft_ms": 0.3,
+                                                                   "verify_ms": 0.5, "accept_ms": 0.1,
+                                                                   "bookkeeping_ms": 0.1}},
+                                        "speedup": {"0.6": {"1": 1.5, "8": 1.1, "64": 0.7}},
+                                        "crossover_batch": {"0.6": 64, "0.8": None},
+                                        "fp32_identical": True, "graph_equals_eager_k4": True},
+                            "rows": [{"batch": 1}], "notes": []},
                   "crossover-1b": {"title": "c", "status": "timeout", "reason": "stopped", "wall_s": 150,
                                    "budget_s": 150, "summary": {"crossover_batch": {"synthetic:0.6:0.1": 32,
                                                                                      "synthetic:0.8:0.1": None},
                                                                 "batches": [1, 2, 256]}, "rows": [], "notes": []}}}
     report["headline"] = gpu_check.headline(report["sections"], dry=False)
     md = gpu_check.markdown(report)
-    assert "| ... with CUDA graphs | 0.600 ms = 75% of roofline | >= 70% |" in md
+    assert "| ... the engine's graphed step | 0.600 ms = 75% of roofline |  |" in md
+    assert "(0.450 ms at 3350 GB/s)" in md
+    assert "1.000 ms (draft 0.300, verify 0.500, accept 0.100, bookkeeping 0.100 ms); floor 0.500 ms = 50%" in md
+    assert "alpha 0.6: b1 1.50x, b8 1.10x, b64 0.70x" in md and "alpha 0.6: 64, alpha 0.8: none up to 64" in md
+    assert "### roofline: kernels" in md and "| eager | matmul | 0.5 |" in md
     assert "synthetic:0.6:0.1: 32, synthetic:0.8:0.1: none up to 256" in md
     assert "| crossover-1b | timeout | 150 / 150 | stopped |" in md
     assert "a \\| note" in md and "Dry run" not in md
 
 
 # ---------------------------------------------------------------------------------------------- orchestration
+@pytest.mark.slow
 def test_one_section_writes_json_markdown_and_log(tmp_path):
     p = _run(tmp_path, "--only", "env", timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -160,15 +183,17 @@ def test_one_section_writes_json_markdown_and_log(tmp_path):
     assert "Dry run" in (tmp_path / "gpu_check.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_section_past_its_timeout_is_stopped_and_recorded(tmp_path):
     p = _run(tmp_path, "--only", "env,roofline", "--timeout", "roofline=2", timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     rep = json.loads((tmp_path / "gpu_check.json").read_text())
     assert rep["sections"]["env"]["status"] == "ok"
     sec = rep["sections"]["roofline"]
-    assert sec["status"] == "timeout" and "stopped at its budget (2s)" in sec["reason"] and sec["wall_s"] < 30
+    assert sec["status"] == "timeout" and "stopped at its budget (2s)" in sec["reason"] and sec["wall_s"] >= 2
 
 
+@pytest.mark.slow
 def test_real_run_without_cuda_is_refused(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
@@ -199,6 +224,19 @@ def test_dry_run_end_to_end(tmp_path):
     assert modes == {"eager", "static eager"}
     assert any("skipped: no CUDA" in n for n in secs["roofline"]["notes"])
     assert all(r["same_argmax"] for r in secs["roofline"]["rows"])
+    assert {r["mode"] for r in secs["roofline"]["tables"]["kernels"]} == {"eager", "static eager"}
+    # the round: plain and speculative at every batch, eagerly (no CUDA), with speedups, kernels and identity
+    rnd = secs["round"]
+    assert {(r["batch"], r["k"], r["mode"]) for r in rnd["rows"]} == {(b, k, "eager") for b in (1, 2) for k in (0, 4)}
+    assert all(r["verify_ms"] > 0 and r["round_ms"] > 0 and r["floor_ms"] > 0 for r in rnd["rows"])
+    assert {r["tokens_per_round"] for r in rnd["rows"] if r["k"] == 4} == {5.0}  # copy heads: all accepted
+    assert {(r["batch"], r["alpha"]) for r in rnd["tables"]["speedup"]} == {(b, a) for b in (1, 2) for a in (0.6, 0.8)}
+    assert {r["k"] for r in rnd["tables"]["kernels"]} == {0, 4}
+    assert rnd["summary"]["fp32_identical"] is True and all(r["ok"] for r in rnd["tables"]["identity"])
+    assert set(rnd["summary"]["crossover_batch"]) == {"0.6", "0.8"}
+    comp = secs["compile"]
+    assert [r["k"] for r in comp["tables"]["whole round, compiled"]] == [0, 4]
+    assert comp["summary"]["round_compiled_ms"] > 0 and set(comp["summary"]["spec_speedup"]) == {"0.6", "0.8"}
     assert secs["exactness"]["summary"]["fp32_identical"] is True
     for name in ("crossover-1b", "crossover-family"):
         rows = secs[name]["rows"]

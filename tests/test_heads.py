@@ -217,16 +217,16 @@ def test_head_chain_samples_follow_target_distribution(target_lm, random_heads, 
 
 
 def test_bench_heads_smoke(tiny, tmp_path, capsys):
-    """`speclab bench --heads` end to end on the tiny target (heads trained on other weights are left out):
+    """`speclab bench heads` end to end on the tiny target (heads trained on other weights are left out):
     a table, the targets, a JSON report with every method identical to plain decoding."""
     import json
 
     from speclab.cli import main
 
     out = tmp_path / "heads.json"
-    rc = main(["bench", "--heads", "--target", tiny["target"], "--workload", "json",  # default prompts and reps
+    rc = main(["bench", "heads", "--target", tiny["target"], "--workload", "json",  # default prompts and reps
                "--max-new-tokens", "6", "--budget", "3", "--k", "2", "--threads", "1", "--quiet",
-               "--json", str(out)])
+               "--out", str(tmp_path)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "ngram tree 3" in printed and "all_identical" in printed
@@ -299,3 +299,90 @@ def test_rounds_without_drafts_keep_feature_drafters_in_step(target_lm, random_h
     assert res.output_tokens == [plain_out[p] for p in PROMPTS[3:6]]
     ks = [rr.k for ev in res.recorder.rounds if ev.phase == "verify" for rr in ev.rows]
     assert 0 in ks and 3 in ks
+
+
+# ----------------------------------------------------------------------------------------------- speculators
+def _eagle3(target_lm, draft_vocab: int):
+    from speclab.drafters.speculators import random_eagle3
+
+    head, cfg = random_eagle3(target_lm, (0, 1, 1), draft_vocab=draft_vocab, ffn=96, seed=3, scale=1.0)
+    Vd = head.lm_head.weight.shape[0]
+    with torch.no_grad():  # draft id i is target id 2i: the mapping really maps
+        head.d2t.copy_(torch.arange(Vd))
+        head.t2d.zero_()
+        head.t2d[2 * torch.arange(Vd)] = True
+    return head, cfg
+
+
+def test_eagle3_speculators_round_trip(target_lm, tmp_path):
+    """An EAGLE-3 head written in the speculators layout reads back identically, drafts through speclab's EAGLE
+    drafter from a draft vocabulary mapped into the target's, and decodes exactly the target's greedy output."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from speclab.drafters.speculators import is_speculators_dir, load_speculators, save_speculators
+
+    V = target_lm.vocab_size
+    head, cfg = _eagle3(target_lm, draft_vocab=V // 2)
+    d = save_speculators(head, cfg, tmp_path / "eagle3", verifier="tiny/target", verifier_architectures=["Llama"],
+                         num_target_layers=2)
+    conf = json.loads((d / "config.json").read_text())
+    assert conf["speculators_model_type"] == "eagle3" and conf["draft_vocab_size"] == V // 2
+    assert conf["eagle_aux_hidden_state_layer_ids"] == [1, 2, 2]
+    assert conf["transformer_layer_config"]["num_hidden_layers"] == 1
+    assert conf["speculators_config"]["verifier"]["name_or_path"] == "tiny/target"
+    names = set(load_file(str(d / "model.safetensors")))
+    assert {"fc.weight", "layers.0.self_attn.q_proj.weight", "layers.0.hidden_norm.weight", "lm_head.weight",
+            "d2t", "t2d", "norm.weight"} <= names
+    assert is_speculators_dir(d)
+
+    back, cfg2 = load_speculators(d, target_lm)
+    assert cfg2.feature_layers == cfg.feature_layers and cfg2.hidden == cfg.hidden
+    for k, v in head.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+
+    drafter = make_drafter(str(d), target_lm)
+    assert drafter.name == "eagle3"
+    prompts = PROMPTS[:3]
+    ref = SpeculativeDecoder(target_lm, None).generate(prompts, k=0, max_new_tokens=NEW).output_tokens
+    proposed = []
+    real = drafter.propose
+
+    def watch(ctx, ks, *a, **kw):
+        prop = real(ctx, ks, *a, **kw)
+        proposed.extend(prop.tokens[prop.tokens >= 0].tolist())
+        return prop
+
+    drafter.propose = watch
+    res = SpeculativeDecoder(target_lm, drafter).generate(prompts, k=4, max_new_tokens=NEW)
+    assert res.output_tokens == ref
+    assert proposed and all(t % 2 == 0 for t in proposed)  # only ids the draft vocabulary maps to
+
+
+def test_speculators_refusals_are_one_line(target_lm, tmp_path):
+    import json
+
+    from speclab.drafters.heads import EagleHead
+    from speclab.drafters.speculators import load_speculators, save_speculators
+
+    head, cfg = _eagle3(target_lm, draft_vocab=target_lm.vocab_size // 2)
+    d = save_speculators(head, cfg, tmp_path / "ok", num_target_layers=2)
+    conf = json.loads((d / "config.json").read_text())
+    bad = {"kind": {**conf, "speculators_model_type": "medusa"},
+           "layers": {**conf, "eagle_aux_hidden_state_layer_ids": [1, 2, 9]},
+           "width": {**conf, "transformer_layer_config": {**conf["transformer_layer_config"], "hidden_size": 32,
+                                                          "num_attention_heads": 2}}}
+    want = {"kind": "'medusa'; speclab loads eagle3", "layers": "reads target layers", "width": "hidden size 32"}
+    for name, c in bad.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(c))
+        (tmp_path / name / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
+        with pytest.raises(SpeclabError, match=want[name]) as e:
+            load_speculators(tmp_path / name, target_lm)
+        assert "\n" not in str(e.value)
+    # the family's own EAGLE head computes something EAGLE-3 weights cannot: refused, not written lossily
+    own = EagleHead(_config(target_lm, "eagle"))
+    with pytest.raises(SpeclabError, match="RMS normalisation is not linear") as e:
+        save_speculators(own, own.cfg, tmp_path / "family")
+    assert "\n" not in str(e.value) and not (tmp_path / "family").exists()

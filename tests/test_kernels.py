@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speclab.engine.acceptance import rejection_sample
-from speclab.kernels import fused_rejection_sample
+from speclab.engine.acceptance import fused_rejection_sample, rejection_sample
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed (pip install triton)")

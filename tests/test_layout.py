@@ -19,6 +19,9 @@ PKG = ROOT / "speclab"
 LAYERS = ("engine", "models", "drafters", "serve", "load", "analysis", "app", "family", "viz")
 
 
+KERNELS = ROOT / "kernels"  # installed as speclab.kernels (setup.py; a checkout: speclab/__init__.py)
+
+
 def _modules() -> dict[str, Path]:
     out = {}
     for p in PKG.rglob("*.py"):
@@ -26,6 +29,9 @@ def _modules() -> dict[str, Path]:
         if parts[-1] == "__init__":
             parts = parts[:-1]
         out[".".join(parts)] = p
+    out["speclab.kernels"] = KERNELS
+    for p in KERNELS.glob("*.py"):
+        out[f"speclab.kernels.{p.stem}"] = p
     return out
 
 
@@ -34,7 +40,8 @@ MODULES = _modules()
 
 @lru_cache(maxsize=None)
 def _tree(name: str) -> ast.Module:
-    return ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    path = MODULES[name]
+    return ast.parse(path.read_text(encoding="utf-8") if path.is_file() else "")  # a folder: a namespace package
 
 
 def _target(module: str, node: ast.ImportFrom) -> str | None:
@@ -42,7 +49,7 @@ def _target(module: str, node: ast.ImportFrom) -> str | None:
     if node.level == 0:
         return node.module
     base = module.split(".")
-    if MODULES[module].name != "__init__.py":
+    if MODULES[module].name != "__init__.py" and MODULES[module].is_file():
         base = base[:-1]
     if node.level > 1:
         base = base[:len(base) - (node.level - 1)]
@@ -105,7 +112,7 @@ def _exports(module: str) -> set[str]:
     return set()
 
 
-def test_the_layers_named_in_the_brief_are_packages():
+def test_the_design_layers_are_packages():
     for layer in LAYERS:
         assert f"speclab.{layer}" in MODULES, f"speclab/{layer}/ is missing"
 
@@ -195,6 +202,65 @@ def test_no_import_circles_lazy_imports_included():
         " <-> ".join(c) for c in circles)
 
 
+# Dependencies point down: app -> serve/load/analysis -> engine -> models. For each package, the packages it may never
+# import, lazily or not (a lazy import inside a function hides an upward tie, it does not make it right). The engine
+# owns the drafting contracts, so drafters plug into it from above; models sit below the engine (a model knows nothing
+# of decoding) and kernels below everything (tested apart: they import nothing of speclab).
+UPWARD = ("drafters", "serve", "load", "analysis", "app", "family", "cli", "nb", "viz")
+FORBIDDEN = {
+    "engine": set(UPWARD),
+    "models": {"engine"} | set(UPWARD),
+    "drafters": {"serve", "load", "analysis", "app", "cli", "nb", "viz"},
+    "family": {"analysis", "serve", "load", "app", "cli", "nb", "viz"},
+    "serve": {"analysis", "app", "cli", "nb", "viz"},
+    "load": {"serve", "analysis", "app", "cli", "nb", "viz"},
+    "events": {"engine", "models"} | set(UPWARD),
+    "metrics": {"engine", "models"} | set(UPWARD),
+}
+
+
+def _package(module: str) -> str:
+    """speclab.engine.round -> engine; speclab.errors -> errors."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _upward_imports(modules) -> list[tuple[str, int, str]]:
+    """(module, line, imported module) for each import that points up."""
+    return [(m, line, t) for m in sorted(modules) for line, t, _ in _imports(m)
+            if _package(t) in FORBIDDEN.get(_package(m), ())]
+
+
+def test_imports_point_down_between_packages():
+    bad = [f"{MODULES[m].relative_to(ROOT)}:{line}: {_package(m)} -> {t}" for m, line, t in _upward_imports(MODULES)]
+    assert not bad, "imports that point up (a lower package importing a higher one):\n" + "\n".join(bad)
+
+
+def test_the_direction_check_sees_a_lazy_upward_import(tmp_path, monkeypatch):
+    """A function-local import of a drafter from the engine is caught, as a top-level one is."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from ..drafters.base import StatelessDrafter\n    return StatelessDrafter\n")
+    monkeypatch.setitem(MODULES, "speclab.engine.planted", planted)
+    _tree.cache_clear()
+    try:
+        assert _upward_imports(["speclab.engine.planted"]) == [("speclab.engine.planted", 2, "speclab.drafters.base")]
+    finally:
+        _tree.cache_clear()
+
+
+def test_no_engine_function_is_longer_than_a_screen():
+    """The decode loop reads top to bottom: no function of the engine (or a kernel) over 80 lines."""
+    long = []
+    for m, path in MODULES.items():
+        if _package(m) not in ("engine", "kernels"):
+            continue
+        for node in ast.walk(_tree(m)):
+            size = node.end_lineno - node.lineno + 1 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else 0
+            if size > 80:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} ({size} lines)")
+    assert not long, "\n".join(long)
+
+
 def test_no_module_reaches_into_another_modules_private_names():
     bad = []
     for m in sorted(MODULES):
@@ -277,14 +343,32 @@ def test_only_the_apps_layout_imports_gradio():
     assert not bad, "Gradio imported outside speclab/app/ui/:\n" + "\n".join(bad)
 
 
-def test_the_repository_installs_and_holds_one_top_level_package():
-    """Only ``speclab`` is importable from the repository's root and installed by pyproject: a top-level name of our
-    own shadows a PyPI package of that name, in the checkout and in site-packages. The lab's Triton kernels lived in a
-    top-level ``kernels/``; transformers 5.25 probes Hugging Face's ``kernels`` library, imported ours instead, and
-    every model load failed in a clean install."""
-    import re
+def test_no_top_level_folder_shadows_an_installed_package():
+    """A top-level package of ours shadows an installed package of that name whenever the checkout is on sys.path
+    (tests, scripts, notebooks run from it). ``kernels`` and ``datasets`` are Hugging Face's libraries, which
+    transformers imports: with a top-level ``kernels`` package of ours, every model load failed. So the top-level
+    ``kernels/`` and ``datasets/`` folders have no ``__init__.py`` (a namespace folder never stands in for an installed
+    package, and transformers takes a namespace for no install), and setup.py installs them inside the package."""
+    import importlib.metadata
 
-    packages = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())
-    assert packages == ["speclab"], packages
-    include = re.search(r"^include\s*=\s*\[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.M)
-    assert include and [s.strip().strip("\"'") for s in include.group(1).split(",")] == ["speclab*"]
+    ours = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())
+    installed = importlib.metadata.packages_distributions()
+    assert "speclab" in ours and not [n for n in ours if n != "speclab" and n in installed], ours
+    for folder in ("kernels", "datasets"):
+        assert (ROOT / folder).is_dir() and not (ROOT / folder / "__init__.py").exists(), folder
+    setup = (ROOT / "setup.py").read_text()
+    assert '"speclab.kernels"]' in setup and '"speclab.kernels": "kernels"' in setup
+    assert "[tool.setuptools.packages" not in (ROOT / "pyproject.toml").read_text()  # it would override setup.py's
+
+
+def test_the_kernels_load_from_the_top_level_folder():
+    import speclab.kernels.rejection as rejection
+
+    assert Path(rejection.__file__).resolve() == (KERNELS / "rejection.py").resolve()
+
+
+def test_the_kernels_import_nothing_of_speclab():
+    """The engine imports the kernels; a kernel importing the engine back would be a circle."""
+    bad = [f"{MODULES[m].relative_to(ROOT)}:{line}: {t}" for m in MODULES if m.startswith("speclab.kernels")
+           for line, t, _ in _imports(m)]
+    assert not bad, bad

@@ -1,6 +1,5 @@
-"""``speclab models``: the family's models and every drafter beside them (heads, early exit, prompt lookup,
-suffix decoding), each with the acceptance the family's report measured, "not measured" where it has none;
-``speclab models measure`` fills a report in."""
+"""``speclab models``: beside the family's models, every drafter (heads, early exit, prompt lookup, suffix
+decoding, the hybrid), each with the acceptance a file measured, "not measured" where there is none."""
 
 from __future__ import annotations
 
@@ -10,95 +9,69 @@ import sys
 
 import pytest
 
+from speclab.drafters.catalog import FAMILY_REPORT, drafter_entries, measured_acceptance
 from speclab.family import list_models
-from speclab.family.drafters import list_drafters, load_acceptance, merge_acceptance
-from speclab.family.listing import NOT_MEASURED, format_listing, listing
 
-DRAFTERS = ("eagle", "medusa", "early-exit:3:tuned", "early-exit", "ngram", "suffix")
-
-
-def _cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "speclab", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def _greedy(report: dict) -> dict:
-    return {(r["workload"], r["drafter"]): r["acceptance_rate"] for r in report["rows"] if r["temperature"] == 0.0}
+DRAFTERS = ("eagle", "medusa", "early-exit:3:tuned", "early-exit", "ngram", "suffix", "suffix-match", "eagle+suffix")
 
 
 @pytest.fixture(scope="module")
 def shipped():
     if not list_models():
         pytest.skip("family not trained")
-    return load_acceptance()
 
 
-def test_the_json_lists_models_and_every_drafter_with_the_reports_figures(shipped):
-    out = _cli("models", "--json")
+def test_the_json_lists_every_drafter_with_only_the_measured_figures(shipped):
+    out = subprocess.run([sys.executable, "-m", "speclab", "models", "--json"], capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr
     entries = json.loads(out.stdout)
     names = [e["name"] for e in entries]
-    assert [m["name"] for m in list_models()] == names[:len(list_models())]  # the models first, as before
+    assert names[:len(list_models())] == [m["name"] for m in list_models()]  # the models first, as before
     assert set(DRAFTERS) <= set(names) and len(names) == len(set(names))
-    greedy = _greedy(shipped)
+    figures = measured_acceptance().get("drafters", {})
     for e in entries:
-        assert {"name", "role", "parameters", "tokenizer", "path", "about", "acceptance"} <= set(e)
-        if e["role"] in ("target", "mismatched"):
-            assert e["acceptance"] is None  # not a drafter
-            continue
-        assert list(e["acceptance"]) == shipped["workloads"]
-        for w, x in e["acceptance"].items():  # a figure is the report's own, or None: never anything else
-            assert x == greedy.get((w, e["name"])), (e["name"], w)
-    heads = {e["name"]: e for e in entries if e["role"].endswith(("head", "heads")) or e["name"].endswith("tuned")}
-    assert {"eagle", "medusa", "early-exit:3:tuned"} <= set(heads)
-    assert all(h["parameters"] > 0 and h["path"] for h in heads.values())
+        assert e["acceptance"] == figures.get(e["name"], {}), e["name"]  # the file's own figures, or none
+    roles = {e["name"]: e["role"] for e in entries}
+    assert roles["suffix"] == "suffix decoding" and roles["suffix-match"] == "suffix match"
 
 
-def test_the_table_says_not_measured_where_the_report_has_no_rows(tmp_path, shipped):
-    report = dict(shipped, rows=[r for r in shipped["rows"] if r["drafter"] != "ngram"])
-    path = tmp_path / "acceptance.json"
-    path.write_text(json.dumps(report))
-    entries = listing(acceptance=path)
-    ngram = next(e for e in entries if e["name"] == "ngram")
-    assert all(v is None for v in ngram["acceptance"].values())
-    text = format_listing(entries, acceptance=path)
-    table = text[text.index("drafter (--draft)"):].splitlines()  # the drafters' table, after the models'
-    line = next(ln for ln in table if ln.startswith("ngram "))
-    assert line.rstrip().endswith(NOT_MEASURED)
-    assert "speclab models measure" in text
-    measured = next(e for e in entries if e["role"] == "distilled-draft")
-    row = next(ln for ln in table if ln.startswith(measured["name"] + " "))
-    assert f"{measured['acceptance'][shipped['workloads'][0]]:.2f}" in row
+def test_the_table_says_not_measured_where_there_are_no_figures(shipped, capsys):
+    from speclab.family.cli import cmd_models
+
+    class Args:
+        json = False
+        presets = False
+
+    cmd_models(Args())
+    text = capsys.readouterr().out
+    table = text[text.index("\nacceptance"):].splitlines()
+    figures = measured_acceptance().get("drafters", {})
+    for name in DRAFTERS:
+        line = next(ln for ln in table if ln.split() and ln.split()[0] == name)
+        if figures.get(name):
+            workload, value = next(iter(figures[name].items()))
+            assert f"{value:.2f}" in line and "not measured" not in line
+        else:
+            assert line.rstrip().endswith("not measured")
+    assert not any(ln.startswith(("target ", "mismatch ")) for ln in table)  # not drafters
+    if not all(figures.get(n) for n in DRAFTERS):
+        assert "python -m speclab.analysis.drafter_acceptance" in text
 
 
-def test_measure_stores_rows_that_the_listing_then_shows(tmp_path, shipped):
-    path = tmp_path / "acceptance.json"
-    out = _cli("models", "measure", "--drafter", "suffix", "--workload", "json", "--prompts", "2",
-               "--max-new-tokens", "12", "--temperature", "0", "--file", str(path), "--threads", "1")
-    assert out.returncode == 0, out.stderr
-    report = json.loads(path.read_text())
-    (row,) = report["rows"]
-    assert (row["workload"], row["drafter"], row["prompts"], row["k"]) == ("json", "suffix", 2, 4)
-    assert 0.0 <= row["acceptance_rate"] <= 1.0
-    by = {d["name"]: d for d in list_drafters(acceptance=path)}
-    assert by["suffix"]["acceptance"] == {"json": row["acceptance_rate"]}
-    assert by["ngram"]["acceptance"] == {"json": None}
-    again = _cli("models", "measure", "--drafter", "suffix", "--workload", "json", "--prompts", "2",
-                 "--max-new-tokens", "16", "--temperature", "0", "--file", str(path))
-    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "max_new_tokens" in again.stderr
-    assert json.loads(path.read_text()) == report  # a refused run leaves the file as it was
-
-
-def test_merging_replaces_a_row_and_keeps_the_rest(tmp_path):
-    old = {"k": 4, "max_new_tokens": 64, "target": "target", "workloads": ["json"], "drafters": ["ngram"],
-           "rows": [{"workload": "json", "drafter": "ngram", "temperature": 0.0, "acceptance_rate": 0.3}]}
-    new = {"k": 4, "max_new_tokens": 64, "target": "target", "workloads": ["json", "code"],
-           "drafters": ["ngram", "suffix"],
-           "rows": [{"workload": "json", "drafter": "ngram", "temperature": 0.0, "acceptance_rate": 0.4},
-                    {"workload": "code", "drafter": "suffix", "temperature": 0.0, "acceptance_rate": 0.5}]}
-    p = tmp_path / "acceptance.json"
-    p.write_text(json.dumps(old))
-    merged = merge_acceptance(new, p)
-    assert merged["workloads"] == ["json", "code"] and merged["drafters"] == ["ngram", "suffix"]
-    assert _greedy(merged) == {("json", "ngram"): 0.4, ("code", "suffix"): 0.5}
-    with pytest.raises(ValueError, match="k = 2"):
-        merge_acceptance(dict(new, k=2), p)
+def test_figures_come_from_the_catalog_file_else_the_familys_report(tmp_path):
+    missing = tmp_path / "acceptance.json"
+    report = json.loads(FAMILY_REPORT.read_text()) if FAMILY_REPORT.is_file() else None
+    fallback = measured_acceptance(missing)
+    if report is None:
+        assert fallback == {}
+    else:
+        greedy = {(r["drafter"], r["workload"]): r["acceptance_rate"] for r in report["rows"] if r["temperature"] == 0}
+        assert {(d, w): x for d, ws in fallback["drafters"].items() for w, x in ws.items()} == greedy
+        assert fallback["k"] == report["k"] and "family" in fallback["command"]
+    missing.write_text(json.dumps({"k": 4, "prompts_per_workload": 2, "command": "test",
+                                   "drafters": {"suffix": {"json": 0.5}}}))
+    assert measured_acceptance(missing)["drafters"] == {"suffix": {"json": 0.5}}
+    by = {e["name"]: e for e in drafter_entries(missing)}
+    assert by["suffix"]["acceptance"] == {"json": 0.5} and by["ngram"]["acceptance"] == {}
+    assert measured_acceptance(tmp_path / "none.json", fallback=None) == {}

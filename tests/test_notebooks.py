@@ -24,7 +24,7 @@ EXPECTED = ["01_first_look", "02_acceptance_by_workload", "03_batch_and_load", "
             "06_serving", "07_trees_and_heads"]
 
 
-def test_the_four_notebooks_exist():
+def test_every_notebook_is_listed():
     assert [p.stem for p in NOTEBOOKS] == EXPECTED
 
 

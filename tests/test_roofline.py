@@ -173,12 +173,12 @@ def test_presets_and_errors():
 
 
 def test_cpu_preset_is_measured_with_its_command():
-    cpu = hardware("cpu")  # committed with the repository: measured by `speclab advise --measure-cpu`
-    assert cpu.measured["command"] == "speclab advise --measure-cpu" and cpu.measured["date"]
+    cpu = hardware("cpu")  # committed with the repository: measured by `speclab advise measure-cpu`
+    assert cpu.measured["command"] == "speclab advise measure-cpu" and cpu.measured["date"]
     assert cpu.bandwidth > 1e9 and cpu.peak_flops > 1e9 and cpu.measured["threads"] == 1
 
 
 def test_measure_cpu_small():
     r = measure_cpu(copy_mb=32, cache_kb=256, matmul_n=128, reps=2)
     assert r["bandwidth"] > 0 and r["peak_flops"] > 0 and math.isfinite(r["measured"]["cache_bandwidth"])
-    assert r["measured"]["command"] == "speclab advise --measure-cpu"
+    assert r["measured"]["command"] == "speclab advise measure-cpu"

@@ -1,4 +1,4 @@
-"""The seed experiment (``speclab bench --serve-experiment``, issue 13): its judging by hand, a tiny real run
+"""The serving experiment (``python benchmarks/serve_experiment.py``): its judging by hand, a tiny real run
 against ``speclab serve`` (plain and fixed k, two levels, one workload), and a run against real vLLM's
 adaptive form (its batch-size table) when the vLLM venv is present."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from speclab.analysis import serve_judge as J
+from benchmarks import serve_judge as J
 from speclab.load.fingerprint import verdict_of_calls
 
 # ---------------------------------------------------------------- judging, by hand
@@ -132,7 +132,7 @@ def test_vllm_engine_log_against_scraped_counters():
 
 
 def test_median_cell_keeps_the_median_repetition():
-    from speclab.analysis.serve_experiment import median_cell
+    from benchmarks.serve_experiment import median_cell
 
     reps = [{"tok_s": 300.0, "call": "a"}, {"tok_s": None, "call": "failed"}, {"tok_s": 280.0, "call": "b"}]
     assert median_cell(reps) == {"tok_s": 280.0, "call": "b", "tok_s_reps": [300.0, None, 280.0],
@@ -142,7 +142,7 @@ def test_median_cell_keeps_the_median_repetition():
 
 
 def test_median_cell_pools_throughput_over_repetitions():
-    from speclab.analysis.serve_experiment import median_cell, pooled_tok_s
+    from benchmarks.serve_experiment import median_cell, pooled_tok_s
 
     def rep(tokens, secs, call):
         return {"tok_s": tokens / secs, "call": call, "summary": {"output_tokens": tokens, "duration_s": secs}}
@@ -158,7 +158,7 @@ def test_median_cell_pools_throughput_over_repetitions():
 def test_requests_check_sees_a_failure_in_any_repetition():
     """A cell keeps its median repetition, which may have no failed request while another repetition had many:
     the requests check counts every repetition's, with the reasons."""
-    from speclab.analysis.serve_experiment import median_cell
+    from benchmarks.serve_experiment import median_cell
 
     why = "error in stream: the engine failed while running this request: IndexError: list index out of range"
     late = "timeout after 300 s (3 chunks received)"
@@ -172,7 +172,7 @@ def test_requests_check_sees_a_failure_in_any_repetition():
     assert row == {"server": "s", "workload": "json", "concurrency": 32, "failed": 3,
                    "failures": {"stream_error": 2, "timeout": 1}, "failure_examples": [why, late], "ok": False}
     assert J.requests_check({"server": "s", "workload": "json", "concurrency": 1, "failed": 0})["ok"]
-    from speclab.analysis.serve_report import check_lines
+    from benchmarks.serve_report import check_lines
 
     checks = {"requests": [row]}
     lines = check_lines({"checks": {**checks, "throughput": [], "acceptance": []},
@@ -194,7 +194,7 @@ def test_throughput_check_pairs_repetitions():
 
 
 def test_configs_and_vllm_table():
-    from speclab.analysis.serve_experiment import ExperimentSpec, speclab_configs, split_configs, vllm_table
+    from benchmarks.serve_experiment import ExperimentSpec, speclab_configs, split_configs, vllm_table
     from speclab.errors import SpeclabError
 
     assert vllm_table("1-2=4,3-4=2,5-=0") == [[1, 2, 4], [3, 4, 2], [5, 1_000_000, 0]]
@@ -213,7 +213,7 @@ def test_configs_and_vllm_table():
 
 
 def test_control_rows_and_the_throughput_rows_they_annotate():
-    from speclab.analysis.serve_experiment import CONTROL
+    from benchmarks.serve_experiment import CONTROL
 
     def cell(server, role, conc, tok_s, reps, control=False):
         return dict(_cell(server, role, conc, "smooth" if role == "plain" else "bursty", tok_s=tok_s),
@@ -235,7 +235,7 @@ def test_control_rows_and_the_throughput_rows_they_annotate():
 def test_compare_servers_per_engine():
     """Throughput rows, crossovers and the control, per engine: vLLM's crossover beside speclab's, the control
     attached to speclab's rows only, and no crossover for an engine without a fixed-k server."""
-    from speclab.analysis.serve_experiment import CONTROL, compare_servers
+    from benchmarks.serve_experiment import CONTROL, compare_servers
 
     def cell(server, engine, role, conc, tok_s, control=False):
         return dict(_cell(server, role, conc, "smooth", tok_s=tok_s), engine=engine, control=control,
@@ -256,7 +256,7 @@ def test_compare_servers_per_engine():
 
 
 def test_control_lines_count_a_failure_either_way():
-    from speclab.analysis.serve_report import control_lines
+    from benchmarks.serve_report import control_lines
 
     rows = [{"workload": "json", "concurrency": 1, "ratio": 1.09, "rep_ratios": [1.3, 0.9]},
             {"workload": "json", "concurrency": 4, "ratio": 0.99, "rep_ratios": []},
@@ -273,21 +273,20 @@ def test_control_lines_count_a_failure_either_way():
 @pytest.mark.slow
 def test_tiny_experiment_on_speclab_serve(tmp_path, capsys):
     pytest.importorskip("fastapi")
-    from speclab.cli import main
+    from benchmarks.serve_experiment import main
     from speclab.family import DEFAULT_TARGET, resolve
 
     if resolve(DEFAULT_TARGET) is None:
         pytest.skip("family weights not present")
-    out = tmp_path / "exp.json"
+    out = tmp_path / "serve_experiment.json"
     want = {"speclab plain": "plain", "speclab plain (control)": "plain", "speclab fixed k=4": "speculative",
             "speclab fixed k=4 split": "speculative"}
     # pacing read from a client sharing a busy 2-core machine: one rerun before a misread fails. Six requests a cell:
-    # with four, a plain level at 4 streams read "unknown" in both attempts of a CI run (session 39; a starved
+    # with four, a plain level at 4 streams read "unknown" in both attempts of a CI run (a starved
     # client's bunched stamps put 8% of its gaps near zero, with too few bursts to tell late delivery)
     for _ in range(2):
-        rc = main(["bench", "--serve-experiment", "--no-vllm", "--policy-list", "none", "--workload", "json",
-                   "--concurrency", "1,4", "--requests", "6", "--max-new-tokens", "24", "--reps", "2", "--quiet",
-                   "--control", "--json", str(out), "--charts", str(tmp_path / "charts")])
+        rc = main(["--no-vllm", "--policy", "none", "--workload", "json", "--concurrency", "1,4", "--requests", "6",
+                   "--max-new-tokens", "24", "--reps", "2", "--quiet", "--control", "--out", str(tmp_path)])
         assert rc == 0
         text = capsys.readouterr().out
         res = json.loads(out.read_text())
@@ -322,8 +321,8 @@ def test_tiny_experiment_on_speclab_serve(tmp_path, capsys):
     assert "workload json" in text and "verdicts" in text and "crossover speclab json" in text
     assert [(r["concurrency"], len(r["rep_ratios"])) for r in res["control"]] == [(1, 2), (4, 2)]
     assert all(r["ratio"] > 0 for r in res["control"]) and "A/A control" in text
-    assert {p.name for p in (tmp_path / "charts").iterdir()} == {"serve_speclab_json.html", "pacing_speclab_json.html",
-                                                                 "calls.html"}
+    charts = {p.name for p in (tmp_path / "serve_experiment_charts").iterdir()}
+    assert charts == {"serve_speclab_json.html", "pacing_speclab_json.html", "calls.html"}
 
 
 # ---------------------------------------------------------------- against real vLLM: its own adaptive form
@@ -334,7 +333,7 @@ def test_vllm_batch_table_is_adaptive_and_counters_match_its_engine_log():
     """vLLM's num_speculative_tokens_per_batch_size (k = 4 with one running request, off from two): bursty at
     concurrency 1, smooth at 8 (only the last request's tail drafts there), and its /metrics counters equal
     what its engine logged (1-2 minutes; --enforce-eager, as its speed is not what is checked)."""
-    from speclab.analysis.serve_experiment import ExperimentSpec, run_experiment
+    from benchmarks.serve_experiment import ExperimentSpec, run_experiment
     from speclab.family import DEFAULT_TARGET, resolve
     from speclab.load.servers import vllm_venv
 

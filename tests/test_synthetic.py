@@ -1,6 +1,6 @@
 """The synthetic drafter: measured acceptance matches alpha (per position), output stays exact at both
 extremes and under sampling, drafts are reproducible per request seed, the stated cost is burnt; the
-cost model's round plan on hand-built cases; `speclab bench --synthetic` end to end."""
+cost model's round plan on hand-built cases; `speclab bench synthetic` end to end."""
 
 from __future__ import annotations
 
@@ -192,8 +192,8 @@ def test_bench_synthetic_smoke(tmp_path, capsys):
     out = tmp_path / "synthetic.json"
     # 24 tokens: the decode phase is what is left after subtracting a prefill-only run, and with 8 it was a few
     # tens of milliseconds, within the machine's noise (once negative: a negative speedup)
-    rc = main(["bench", "--synthetic", "--alphas", "0.5,0.9", "--ks", "1,2", "--batches", "1,2", "--reps", "1",
-               "--prompts-per-workload", "1", "--max-new-tokens", "24", "--threads", "1", "--json", str(out),
+    rc = main(["bench", "synthetic", "--alphas", "0.5,0.9", "--k", "1,2", "--batches", "1,2", "--reps", "1",
+               "--prompts-per-workload", "1", "--max-new-tokens", "24", "--threads", "1", "--out", str(tmp_path),
                "--quiet"])
     assert rc == 0
     rep = json.loads(out.read_text())

@@ -5,8 +5,6 @@ import pytest
 
 from speclab.errors import SpeclabError
 from speclab.workloads import (
-    PACKAGE_DATASETS,
-    REPO_DATASETS,
     WORKLOADS,
     Prompt,
     list_workloads,
@@ -34,13 +32,6 @@ def test_load_all():
     allw = load_all()
     assert set(WORKLOADS) <= set(allw)
     assert all(len(v) >= 20 for v in allw.values())
-
-
-def test_package_mirror_matches_repo():
-    for p in REPO_DATASETS.glob("*.jsonl"):
-        mirror = PACKAGE_DATASETS / p.name
-        assert mirror.exists(), f"{mirror} missing: run python -m speclab.workloads"
-        assert mirror.read_bytes() == p.read_bytes(), f"{mirror} out of date: run python -m speclab.workloads"
 
 
 def test_prompts_fit_the_context():

@@ -1,4 +1,6 @@
-"""Measuring and explaining: sweeps (:mod:`.sweep`), the acceptance report (:mod:`.report`), speclab vs
-Hugging Face (:mod:`.compare`), the cost model (:mod:`.costmodel`) and ``speclab bench`` (:mod:`.cli`);
-the roofline of named hardware (:mod:`.roofline`), the advisor and ``speclab advise`` (:mod:`.advisor`),
-its validation against published measurements (:mod:`.published`) and on this CPU (:mod:`.cpucheck`)."""
+"""Measuring and explaining, what users call: sweeps (:mod:`.sweep`), the ``speclab bench`` subcommands (:mod:`.cli`,
+flags shared through :mod:`.flags`; runners :mod:`.report`, :mod:`.compare`, :mod:`.bench_serve`,
+:mod:`.bench_policies`, :mod:`.bench_synthetic`, :mod:`.bench_heads`), the cost model (:mod:`.costmodel`), the
+roofline of named hardware (:mod:`.roofline`), and the advisor and ``speclab advise`` (:mod:`.advisor`,
+:mod:`.advisor_cli`) with its validation against published measurements (:mod:`.published`). One-off experiments
+live in the top-level ``benchmarks/`` folder."""

@@ -1,9 +1,8 @@
 """The advisor: should this deployment speculate? ``speclab advise`` and :func:`advise`.
 
 Apply the speculation rubric (decode-bound share, acceptance per workload, crossover concurrency vs the
-expected one, tokenizer match) to lab results, a load run or typed figures, with the roofline cost model for a
-named deployment. Also: --validate (the model against published measurements), --measure-cpu (this machine's
-roofline), --check-cpu (the model against speedups measured here).
+expected one, tokenizer match) to lab results, a load run or typed figures, with step costs measured (from the
+result, or timed here) or modelled for a named deployment (``speclab advise what-if``).
 
 The rubric (speculation is a candidate when the path is decode-bound, acceptance is high, concurrency
 is low to moderate and draft and target share a tokenizer) applied row by row to numbers, each with
@@ -21,8 +20,8 @@ It also says what the rubric does not cover: prefill-bound requests (speculation
 TTFT) and queueing under saturation (the fix is capacity or admission, not speculation).
 
 Inputs, readable by :func:`read_inputs` (see docs/advisor.md for the fields each reader uses):
-``speclab bench --json`` (acceptance report), ``speclab bench --compare --json``, a sweep (CSV or
-JSON), a ``speclab load --json`` result, ``speclab advise --check-cpu --json``; or typed figures.
+``speclab bench acceptance|compare|serve|policies|heads``, a sweep (CSV or JSON), a ``speclab load --json``
+result, ``python benchmarks/cpucheck.py``; or typed figures.
 """
 
 from __future__ import annotations
@@ -290,7 +289,7 @@ def advise(inputs: Inputs, dep: Deployment, concurrency: int | None = None) -> A
                      f"memory (less in practice: activations and reserves)")
     if measured_rows is not None and C > measured_rows:
         notes.append(f"step costs were measured up to {measured_rows} rows; concurrency {C} is extrapolated from them "
-                     f"(a sweep over more batches, or --check-cpu --batches, measures further)")
+                     f"(a sweep over more batches, or benchmarks/cpucheck.py --batches, measures further)")
 
     be = break_even_alpha(costs, 1, kmax)  # the same costs for every workload
     verdicts, curves = [], {}

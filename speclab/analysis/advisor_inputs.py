@@ -69,7 +69,7 @@ def _from_compare(d: dict, inp: Inputs) -> None:
     sc = eff.get("step_costs") or {}
     if sc:
         first = next(iter(sc.values()))
-        inp.costs = MeasuredCosts.from_step_costs(first, rows=1, source="measured (speclab bench --compare)")
+        inp.costs = MeasuredCosts.from_step_costs(first, rows=1, source="measured (speclab bench compare)")
     batch = d.get("batch") or []
     if batch:
         wl = batch[0].get("workload")
@@ -78,7 +78,7 @@ def _from_compare(d: dict, inp: Inputs) -> None:
                 w.measured_crossover, w.crossover_measured = d.get("crossover_batch"), True
     inp.draft, inp.target = d.get("draft"), d.get("target")
     inp.tokenizer_match, inp.tokenizer_source = True, "measured"
-    inp.notes.append(f"acceptance and batch-1 step costs: speclab bench --compare (draft {d.get('draft')})")
+    inp.notes.append(f"acceptance and batch-1 step costs: speclab bench compare (draft {d.get('draft')})")
 
 
 def _from_sweep(rows: list[dict], inp: Inputs, draft: str | None, concurrency: int | None) -> None:
@@ -162,7 +162,105 @@ def _from_load(d: dict, inp: Inputs, concurrency: int | None, name: str) -> None
     if len(vals) >= 2 and vals[-1][1] > 3 * vals[0][1]:
         inp.queueing = (f"TTFT p50 grows from {vals[0][1]:.0f} ms at load {vals[0][0]:g} to {vals[-1][1]:.0f} ms at "
                         f"load {vals[-1][0]:g} (scraped)")
+    inp.target = inp.target or d.get("model")
     inp.notes.append(f"traffic: speclab load result ({d.get('url', '?')}, level {lv['level'].get('label')})")
+
+
+def _from_bench_serve(d: dict, inp: Inputs, concurrency: int | None) -> None:
+    """``speclab bench serve``: the speculative server's acceptance per workload (lowest load), plain's TPOT."""
+    rows = d["rows"]
+    for wl in dict.fromkeys(r["workload"] for r in rows):
+        spec = sorted((r for r in rows if r["workload"] == wl and r.get("server_acceptance_length")),
+                      key=lambda r: r["concurrency"])
+        if spec and not any(w.name == wl for w in inp.workloads):
+            inp.workloads.append(Workload(wl, mean_length=float(spec[0]["server_acceptance_length"]), k=None,
+                                          source="scraped"))
+    plain = [r for r in rows if r["server"] == "speclab plain" and _num(r.get("tpot_mean_ms")) is not None]
+    if plain:
+        C = concurrency or min(r["concurrency"] for r in plain)
+        p = min(plain, key=lambda r: abs(r["concurrency"] - C))
+        inp.tpot_ms, inp.tpot_source, inp.tpot_is_plain = float(p["tpot_mean_ms"]), "measured", True
+        if _num(p.get("ttft_mean_ms")) is not None:
+            inp.ttft_ms, inp.ttft_source = float(p["ttft_mean_ms"]), "measured"
+    inp.target = d.get("target")
+    inp.tokenizer_match, inp.tokenizer_source = True, "measured"
+    inp.notes.append("acceptance and plain TTFT/TPOT: speclab bench serve")
+
+
+def _from_bench_policies(d: dict, inp: Inputs) -> None:
+    """``speclab bench policies``: each workload's acceptance at its largest fixed k, smallest batch."""
+    fixed = [r for r in d["rows"] if r.get("policy") == "fixed" and r.get("acceptance_rate") is not None
+             and r["workload"] != "mixed"]
+    for wl in dict.fromkeys(r["workload"] for r in fixed):
+        mine = [r for r in fixed if r["workload"] == wl]
+        r = max(mine, key=lambda r: (r["k"], -r["batch"]))
+        if not any(w.name == wl for w in inp.workloads):
+            inp.workloads.append(Workload(wl, alpha=alpha_from_rate(float(r["acceptance_rate"]), int(r["k"])),
+                                          source="measured"))
+    inp.draft, inp.target = inp.draft or d.get("draft"), d.get("target")
+    inp.tokenizer_match, inp.tokenizer_source = True, "measured"
+    inp.notes.append(f"acceptance: speclab bench policies (draft {d.get('draft')}, fixed k)")
+
+
+def _from_bench_heads(d: dict, inp: Inputs) -> None:
+    """``speclab bench heads``: per workload, the fastest method's mean accepted length."""
+    rows = [r for r in d["rows"] if r.get("method") != "plain" and r.get("mean_accepted_length")]
+    for wl in dict.fromkeys(r["workload"] for r in rows):
+        best = max((r for r in rows if r["workload"] == wl), key=lambda r: r.get("speedup") or 0)
+        if not any(w.name == wl for w in inp.workloads):
+            inp.workloads.append(Workload(wl, mean_length=float(best["mean_accepted_length"]), k=int(best["k"]),
+                                          source="measured"))
+            inp.notes.append(f"acceptance on {wl}: speclab bench heads, its fastest method ({best['method']})")
+            inp.draft = inp.draft or best.get("spec")  # the drafter whose step costs matter
+    inp.target = d.get("target")
+    inp.tokenizer_match, inp.tokenizer_source = True, "measured"
+
+
+def measure_step_costs(inp: Inputs, target: str | None, draft: str | None, k_max: int, log=print) -> MeasuredCosts:
+    """The step costs a result did not carry, timed here on the model it names (a family model or a local
+    directory) or on the family's target, with its draft (the result's, else the family's default): target forwards
+    at a few row counts up to twice the expected concurrency and 1..k_max+1 tokens, one draft step per row count,
+    interleaved, on one thread by this process's CPU time (other work on the machine does not inflate it). Says so in
+    one line; a result from a model this machine cannot load offline is refused in one line naming the flag that
+    models it instead."""
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from ..defaults import default_draft, default_target
+    from ..family import resolve
+    from .sweep import cached_model, new_drafter
+
+    name = target or inp.target or default_target()
+    if resolve(name) is None and not Path(name).is_dir():
+        raise SpeclabError(f"the result names no step costs and its model '{name}' is not one this machine can time "
+                           f"offline: model its hardware with `speclab advise what-if --hardware PRESET "
+                           f"--target-model SHAPE`")
+    t0 = time.perf_counter()
+    tgt = cached_model(name, device="cpu", role="target")
+    draft = draft or (inp.draft if inp.draft not in (None, "", "DRAFT") else default_draft())
+    try:
+        drafter = new_drafter(draft, tgt)
+    except SpeclabError as e:
+        raise SpeclabError(f"timing the step costs here: {e}; name the draft to time with --draft") from None
+    dlm = getattr(drafter, "lm", None)
+    top = min(64, max(4, 2 * (inp.concurrency or 1)))
+    rows = sorted({1, top} | {r for r in (4, 16) if r < top})  # interpolated between, extrapolated past the top
+    tokens = sorted({1, 3, int(k_max) + 1})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        costs = MeasuredCosts.measure(tgt, dlm, rows=rows, tokens=tokens, reps=5,
+                                      clock=time.process_time)
+    finally:
+        torch.set_num_threads(threads)
+    costs.source = "timed on this machine"
+    inp.draft = inp.draft or draft
+    free = "" if dlm is not None else ": no separate model, its steps counted as free"
+    log(f"step costs: the result has none, so they were timed on this machine ({tgt.name}, draft {draft}{free}, "
+        f"{time.perf_counter() - t0:.0f} s); for other hardware use `speclab advise what-if --hardware PRESET`")
+    return costs
 
 
 def _from_check_cpu(d: dict, inp: Inputs) -> None:
@@ -175,10 +273,21 @@ def _from_check_cpu(d: dict, inp: Inputs) -> None:
     sc = [v for kname, v in d["step_costs"].items() if not kname.startswith("synthetic:")]
     if sc:
         inp.costs = MeasuredCosts.from_dict(sc[0])
-        inp.costs.source = "measured (speclab advise --check-cpu)"
+        inp.costs.source = "measured (benchmarks/cpucheck.py)"
     inp.draft, inp.target = d.get("draft"), d.get("target")
     inp.tokenizer_match, inp.tokenizer_source = True, "measured"
-    inp.notes.append(f"acceptance and step costs per shape: speclab advise --check-cpu ({d.get('date')})")
+    inp.notes.append("acceptance and step costs per shape: benchmarks/cpucheck.py")
+
+
+def _what_it_is(d) -> str:
+    if isinstance(d, dict) and "cells" in d and "verdicts" in d:
+        return "a serving experiment "
+    if isinstance(d, dict) and "cells" in d and "landscape" in str(d.get("command", "")) or (
+            isinstance(d, dict) and d.get("cells") and "alpha" in d["cells"][0]):
+        return "a synthetic-drafter result (its acceptance is chosen, not measured) "
+    if isinstance(d, dict) and "verdicts" in d:
+        return "an advice "
+    return "this file "
 
 
 def read_inputs(paths, inp: Inputs | None = None, *, draft: str | None = None, temperature: float = 0.0,
@@ -207,13 +316,20 @@ def read_inputs(paths, inp: Inputs | None = None, *, draft: str | None = None, t
                 _from_compare(d, inp)
             elif isinstance(d, dict) and "rows" in d and d["rows"] and "drafter" in d["rows"][0]:
                 _from_acceptance_report(d, inp, draft, temperature)
+            elif isinstance(d, dict) and d.get("rows") and "server" in d["rows"][0]:
+                _from_bench_serve(d, inp, concurrency)
+            elif isinstance(d, dict) and d.get("rows") and "config" in d["rows"][0]:
+                _from_bench_policies(d, inp)
+            elif isinstance(d, dict) and d.get("rows") and "method" in d["rows"][0] and "budget" in d:
+                _from_bench_heads(d, inp)
             elif isinstance(d, list) and d and isinstance(d[0], dict) and "workload" in d[0] and "batch" in d[0]:
                 _from_sweep(d, inp, draft, concurrency)
             elif isinstance(d, dict) and isinstance(d.get("rows"), list) and d["rows"] and "batch" in d["rows"][0]:
                 _from_sweep(d["rows"], inp, draft, concurrency)
             else:
-                raise SpeclabError(f"{p}: not a result the advisor knows (speclab bench [--compare] --json, a sweep, "
-                                   f"speclab load --json, speclab advise --check-cpu --json)")
+                raise SpeclabError(f"{p}: {_what_it_is(d)}holds no acceptance the advisor can read (it reads speclab "
+                                   f"bench acceptance|compare|serve|policies|heads, a sweep, speclab load --json, "
+                                   f"benchmarks/cpucheck.py); give --acceptance NAME:RATE instead")
         except (KeyError, TypeError, IndexError) as e:
             raise SpeclabError(f"{p}: missing or malformed field {e} for the advisor") from None
     return inp

@@ -1,4 +1,4 @@
-"""``speclab bench --heads``: self-drafting (EAGLE, Medusa, early exit) against the separate drafts and
+"""``speclab bench heads``: self-drafting (EAGLE, Medusa, early exit) against the separate drafts and
 prompt lookup, and token trees against chains at the same verification budget.
 
 Every method decodes the same prompts per workload, greedy, batch 1, the same max_new_tokens; runs are
@@ -18,8 +18,8 @@ acceptance-vs-cost table behind :data:`speclab.drafters.early_exit.DEFAULT_EXIT`
 times by this process's CPU time instead of the wall clock (with one thread, much steadier on a machine
 shared with other jobs; it leaves out time spent waiting for a core).
 
-    speclab bench --heads --workload all --prompts-per-workload 4 --reps 3 --max-new-tokens 64 --json PATH
-    speclab bench --heads --exits --workload code,json
+    speclab bench heads --workload all --prompts-per-workload 4 --reps 3 --max-new-tokens 64 --out DIR
+    speclab bench heads --exits --workload code,json
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def _row(rows, method, w):
 
 
 def targets(rows: list[dict], workloads: list[str], k: int, budget: int) -> dict:
-    """Issue 15's targets, computed from the rows."""
+    """The heads benchmark's targets, computed from the rows."""
     t: dict = {}
     eagle = f"eagle k={k}"
     for w in ("json", "code"):
@@ -239,7 +239,7 @@ def best_exit(rows: list[dict]) -> dict:
     return {"table": table, "best": max(table, key=lambda r: r["speedup"]) if table else None}
 
 
-HEADS_PROMPTS, HEADS_REPS = 4, 3  # --heads defaults: prompts per workload, interleaved repetitions
+HEADS_PROMPTS, HEADS_REPS = 4, 3  # defaults: prompts per workload, interleaved repetitions
 
 
 def run_heads_bench(args) -> int:
@@ -247,7 +247,6 @@ def run_heads_bench(args) -> int:
     from ..models import load_model
     from ..workloads import workload_names
 
-    # --prompts-per-workload and --reps are shared with --compare, whose defaults differ: None = this one's
     args.prompts_per_workload = args.prompts_per_workload or HEADS_PROMPTS
     args.reps = args.reps or HEADS_REPS
     torch.manual_seed(0)
@@ -255,15 +254,15 @@ def run_heads_bench(args) -> int:
     setup_threads(args.threads or 1, target)
     wls = workload_names(args.workload)
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    k, B = args.k, args.budget
-    eks = tuple(int(x) for x in str(getattr(args, "eagle_ks", "") or "").split(",") if x.strip())
+    eks = tuple(int(x) for x in str(args.ks).split(",") if x.strip())  # --k: the first is every chain's k
+    k, B = eks[0], args.budget
     methods = exit_methods(target, k) if args.exits else default_methods(target, k, B, eks)
     if args.methods:
         keep = {s.strip() for s in args.methods.split(",")}
         methods = [m for m in methods if m.name in keep or m.name == "plain"]
     log(f"[heads] {len(methods)} methods: " + ", ".join(m.name for m in methods))
     t0 = time.time()
-    clock_name = getattr(args, "clock", "wall")  # --clock is registered by the policies benchmark
+    clock_name = args.clock
     clock = time.process_time if clock_name == "process" else time.perf_counter
     rows = run_methods(target, methods, wls, args.prompts_per_workload, args.max_new_tokens, args.reps, log, clock)
     report = dict(command="speclab bench " + " ".join(sys.argv[2:]), target=target.name, device=str(target.device),

@@ -1,9 +1,6 @@
-"""``speclab bench --policies``: every draft-length policy against plain decoding.
+"""``speclab bench policies``: every draft-length policy against plain decoding.
 
-``speclab bench --policies``: every draft-length policy against plain decoding, and
-``speclab bench --synthetic``: the (acceptance, k, batch) landscape against the cost model.
-
-**--policies.** Plain decoding (k = 0), fixed k for each k in the grid, and every policy of
+Plain decoding (k = 0), fixed k for each k in the grid, and every policy of
 ``speclab.engine.policies`` (adaptive ones with the grid's largest k as their K), on each workload and on a *mixed*
 stream (the workloads' prompts interleaved), at concurrency levels from 1 to past the crossover. A level B is a
 burst of max(requests, B) + B requests at concurrency B: one scheduler runs at most B rows, every request is queued
@@ -20,7 +17,7 @@ is timed (``OnlineCosts.calibrate``; its seconds are reported, not counted), and
 a server would: each adaptive configuration from a copy of its own (a stop rule's draft phases must not move
 goodput's predictions). One policy object per (cell, configuration), kept over the repetitions (a server keeps its
 policy and what it learnt about the traffic). Every output is checked token-identical to plain greedy decoding.
-Targets (issue 12): goodput >= 0.95x the best fixed k in hindsight (k = 0 included) in every cell; on the mixed
+Targets: goodput >= 0.95x the best fixed k in hindsight (k = 0 included) in every cell; on the mixed
 stream goodput beats every single fixed k over the load levels (geometric mean of the speedups); no adaptive policy
 below 0.97x plain in any cell.
 """
@@ -172,60 +169,21 @@ def run_policies(args) -> int:
         batches=levels, fixed_ks=g["fixed_ks"], K=K, reps=g["reps"], workloads=list(ids),
         calibration_s=calib_s, run_s=time.perf_counter() - t_run, costs=spec.costs.snapshot(),
         learnt_costs={label: t.snapshot() for label, t in tables.items() if t is not spec.costs}, rows=results)
-    if getattr(args, "oracle", False) and "mixed" in ids:
+    after = getattr(args, "after_grid", None)  # more runs on the same cells (benchmarks/policy_oracle.py)
+    if after is not None and "mixed" in ids:
         fixed_labels = [label for label, p, _ in configs if p in (None, "fixed") and label != CONTROL]
-        report["oracle"] = run_oracle(
+        report.update(after(
             target, draft_name, results, [(label, k) for label, p, k in configs if label in fixed_labels],
             wls, dict(queue=queue, lengths=lengths, kinds=mixed_kinds, levels=levels, reps=g["reps"], seed=args.seed,
-                 clock=clock, costs=spec.costs, log=log, ref=ref))
+                 clock=clock, costs=spec.costs, log=log, ref=ref)))
     report["targets"] = policy_targets(report)
     return write_report(args, report, format_policies(report))
-
-
-def run_oracle(target, draft_name, results: list[dict], fixed: list[tuple[str, int]], kinds: list[str],
-               run: dict) -> list[dict]:
-    """The mixed stream's headroom (``--oracle``): each mixed level again, in lockstep, plain and every fixed k beside
-    a :class:`~speclab.analysis.kind_oracle.KindOracle` drafting each request's workload at that workload's best fixed
-    k at this level in the main repetitions (``kinds``: the workloads; ``run``: the mixed cells' queues, budgets and
-    the queue's kinds, the levels, repetitions, seed, clock, the calibrated cost table, the logger and the greedy
-    references). Returns one row per level: the oracle's ks, every configuration's speedup (median of the
-    repetitions' paired ratios), its repetitions' ratios, and whether every output matched plain greedy decoding."""
-    from ..drafters import make_drafter
-    from ..engine import make_policy
-    from .kind_oracle import KindOracle, best_fixed_by_kind
-    from .sweep import cached_model
-
-    by = {(r["workload"], r["batch"], r["config"]): r for r in results}
-    labels = [label for label, _ in fixed]
-    order = random.Random(f"{run['seed']}-oracle")
-    out = []
-    for B in run["levels"]:
-        q, lens = run["queue"][("mixed", B)], run["lengths"][("mixed", B)]
-        ks = best_fixed_by_kind(by, kinds, B, labels)
-        rid = {f"bench-{i}": run["kinds"][i % len(run["kinds"])] for i in range(len(q))}
-        oracle = KindOracle(rid, ks)
-        runs = [(make_drafter(draft_name, target, load=cached_model) if k else None, make_policy(None, k))
-                for _, k in fixed]
-        runs.append((make_drafter(draft_name, target, load=cached_model), oracle))
-        tables = [run["costs"]] * len(fixed) + [run["costs"].copy()]
-        tps: dict[str, list[float]] = {c: [] for c in labels + ["kind-oracle"]}
-        same = True
-        for _ in range(run["reps"]):
-            res = lockstep(target, runs, q, B, lens, tables, run["seed"], run["clock"], shuffle=order)
-            for c, (ntok, spent, reqs) in zip(labels + ["kind-oracle"], res):
-                tps[c].append(ntok / spent)
-                same = same and all(r.generated == run["ref"][tuple(r.prompt_ids)][:r.max_new_tokens] for r in reqs)
-        ratios = {c: paired_ratios(v, tps["plain"]) for c, v in tps.items()}
-        out.append(dict(batch=B, ks=ks, speedup={c: statistics.median(r) for c, r in ratios.items()},
-                        speedups=ratios, plain_tokens_per_s=statistics.median(tps["plain"]), identical=same))
-        run["log"](f"[policies] kind oracle at batch {B} done")
-    return out
 
 
 def paired_ratios(tps: list[float], plain: list[float]) -> list[float]:
     """Each repetition's throughput over plain decoding's in the same repetition: the quantity a lockstep run keeps
     tight (its configurations step a few milliseconds apart, so each repetition's ratio sees one speed of the
-    machine). A cell's speedup is their median. The ratio of the two medians (until session 34) pairs a
+    machine). A cell's speedup is their median. The ratio of the two medians instead would pair a
     configuration's median repetition with plain's, often another repetition on a machine whose speed drifts by tens
     of percent between them. e.g. plain [100, 50, 90], a policy [105, 60, 80]: ratios [1.05, 1.2, 0.889], median
     1.05; the ratio of the medians, 80 / 90 = 0.889, is the third repetition's alone."""
@@ -233,7 +191,7 @@ def paired_ratios(tps: list[float], plain: list[float]) -> list[float]:
 
 
 def policy_targets(rep: dict) -> dict:
-    """The issue's targets, computed from the rows (pure: tested on a hand-built report)."""
+    """The benchmark's targets, computed from the rows (pure: tested on a hand-built report)."""
     rows = rep["rows"]
     by = {(r["workload"], r["batch"], r["config"]): r for r in rows}
     fixed = [r["config"] for r in rows if r["policy"] in ("fixed", "off")]

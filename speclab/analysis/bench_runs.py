@@ -1,4 +1,4 @@
-"""How the policy benchmarks run their configurations (``speclab bench --policies`` and ``--synthetic``): the grid
+"""How the policy benchmarks run their configurations (``speclab bench policies`` and ``synthetic``): the grid
 and flags they share, bursts at a concurrency level (:func:`at_concurrency`: every request queued, a finished row
 replaced at once, as a server runs), and several configurations interleaved step by step (:func:`lockstep`,
 :func:`interleave`: this machine's speed drifts by tens of percent over seconds, and steps a few milliseconds apart
@@ -17,33 +17,7 @@ from ..limits import MAX_BATCH, MAX_K, parse_numbers
 QUICK = dict(batches=(1, 4, 16, 64), fixed_ks=(1, 2, 4), max_new_tokens=32, prompts=4)
 FULL = dict(batches=(1, 2, 4, 8, 16, 32, 64, 128), fixed_ks=(1, 2, 3, 4, 6, 8), max_new_tokens=64, prompts=8)
 SYNTH = dict(alphas=(0.3, 0.5, 0.7, 0.9), ks=(1, 2, 4, 8), batches=(1, 4, 16, 64))
-PROMPT_TOKENS = 32  # --synthetic: prompts cut to this many tokens
-
-
-def add_arguments(b) -> None:
-    """The flags of ``bench --policies`` / ``--synthetic``. Shared with --compare: --full (the full grid),
-    --batches (batch sizes), --ks (fixed k values; the largest is the adaptive policies' K; --synthetic:
-    its k values), --reps, --draft, --workload, --prompts-per-workload, --max-new-tokens."""
-    b.add_argument("--policies", action="store_true",
-                   help="every draft-length policy vs plain decoding, per workload, mixed stream and load (issue 12); "
-                        "quick grid unless --full: workloads json,code and their mix, batches 1,4,16,64, k 1,2,4, "
-                        "4 requests, at most 32 new tokens, 3 repetitions")
-    b.add_argument("--synthetic", action="store_true",
-                   help="the (alpha, k, batch) landscape with the synthetic drafter vs the cost model (issue 12)")
-    b.add_argument("--policy-list", default=None,
-                   help="--policies: policies to run besides plain and fixed k (default: every one; 'none': none)")
-    b.add_argument("--oracle", action="store_true",
-                   help="--policies: after the repetitions, the mixed stream again with a policy that knows each "
-                        "request's workload and drafts its best fixed k (the headroom of the mixed-stream target)")
-    b.add_argument("--length-spread", type=float, default=0.5,
-                   help="--policies, --serve-experiment: each request's token budget drawn uniformly from "
-                        "max-new-tokens x [1 - s, 1 + s] (default 0.5; the same draws for every configuration or "
-                        "server; 0: every request max-new-tokens)")
-    b.add_argument("--alphas", default=None, help="--synthetic: acceptance values (default 0.3,0.5,0.7,0.9)")
-    b.add_argument("--cost", type=float, default=0.1, help="--synthetic: draft step cost C (x a target step)")
-    b.add_argument("--clock", choices=("wall", "process"), default="wall",
-                   help="--policies/--synthetic: time runs by wall clock (default) or by this process's CPU time "
-                        "(steadier on a shared machine; meaningful with --threads 1)")
+PROMPT_TOKENS = 32  # synthetic: prompts cut to this many tokens
 
 
 def int_list(s, default, what: str, hi: float) -> list[int]:
@@ -70,7 +44,7 @@ def grid(args, synthetic: bool = False) -> dict:
         g["max_new_tokens"] = min(args.max_new_tokens, QUICK["max_new_tokens"])
     g["prompts"] = args.prompts_per_workload or g["prompts"]
     g["batches"] = int_list(args.batches, g["batches"], "--batches", MAX_BATCH)
-    g["fixed_ks"] = int_list(args.ks, g["fixed_ks"], "--ks (fixed k values; plain decoding, k = 0, is always there)",
+    g["fixed_ks"] = int_list(args.ks, g["fixed_ks"], "--k (plain decoding, k = 0, is always there)",
                           MAX_K)
     g["reps"] = args.reps or 3
     g["workload"] = args.workload or ("all" if args.full or synthetic else "json,code")

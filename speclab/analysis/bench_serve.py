@@ -1,4 +1,4 @@
-"""``speclab bench --serve``: the serving benchmark. It starts ``speclab serve`` twice (plain decoding and
+"""``speclab bench serve``: the serving benchmark. It starts ``speclab serve`` twice (plain decoding and
 speculative: the family's default draft at k = 4 unless flags say otherwise), runs the load tool
 (:mod:`speclab.load`, the one load generator) at concurrency 1, 2, 4, ... per workload, plain and
 speculative interleaved level by level (both servers up at once, so machine noise hits both alike),
@@ -17,35 +17,13 @@ from __future__ import annotations
 import functools
 import json
 import time
+import uuid
 from pathlib import Path
 
 from ..errors import SpeclabError
 from ..tables import num
 
 SATURATION_GAIN = 1.10  # doubling concurrency must raise plain tokens/s by 10% to count as not saturated
-
-
-def add_serve_arguments(b) -> None:
-    """The ``--serve`` flags on ``speclab bench`` (the others it reads: --workload, --k, --draft, --target,
-    --max-new-tokens, --seed, --threads, --json, --full, --quiet)."""
-    b.add_argument("--serve", action="store_true", help="serving benchmark: speclab serve plain vs speculative at "
-                   "rising concurrency (json,code unless --workload; --full: every workload, more tokens and levels)")
-    b.add_argument("--concurrency", default=None, help="--serve: concurrency levels (default 1,2,4,... until plain "
-                   "decoding saturates, at most --max-concurrency)")
-    b.add_argument("--max-concurrency", type=int, default=None, help="--serve: highest level of the doubling "
-                   "(default 16; --full 64)")
-    b.add_argument("--requests", type=int, default=None, help="--serve: requests per level (default max(4, 2 x "
-                   "concurrency); --full max(8, 4 x concurrency))")
-    b.add_argument("--speculative-config", default=None, metavar="JSON", help="--serve: the speculative server's "
-                   "--speculative-config (default: --draft or the family's default draft, k = --k)")
-    b.add_argument("--spec-policy", default=None, help="--serve: the speculative server's draft-length policy")
-    b.add_argument("--peer", choices=("vllm",), default=None, help="--serve: also run the same load against vLLM")
-    b.add_argument("--vllm-venv", default=None, metavar="PATH", help="--serve --peer vllm: vLLM's venv (default "
-                   "$SPECLAB_VLLM_VENV or /work/vllm-venv)")
-    b.add_argument("--charts", default=None, metavar="DIR", help="--serve: write Altair charts (HTML) into DIR")
-    b.add_argument("--prefix-caching", choices=("on", "off"), default="on", help="--serve: the speclab servers' prefix "
-                   "caching (default on, as both servers default; the load repeats prompts, so 'off' shows what the "
-                   "prompts' prefills cost)")
 
 
 def levels_to_run(spec: str | None, max_c: int) -> list[int] | None:
@@ -118,7 +96,8 @@ def _row(server: str, workload: str, c: int, level: dict) -> dict:
             "e2e_p95_ms": get("e2e_ms", "p95"), "pacing": level["fingerprint"]["call"],
             "tokens_per_burst": level["fingerprint"]["mean_tokens_per_burst"],
             "server_acceptance_length": ((level.get("server") or {}).get("spec_decode") or {}).get(
-                "mean_acceptance_length")}
+                "mean_acceptance_length"),
+            "prefix_hit_rate": ((level.get("server") or {}).get("prefix_cache") or {}).get("hit_rate")}
 
 
 def median_rep(measured: list, tok_s=lambda m: m[0]["tok_s"]):
@@ -132,10 +111,11 @@ def median_rep(measured: list, tok_s=lambda m: m[0]["tok_s"]):
 def format_table(rows: list[dict], servers: list[str]) -> str:
     lines = []
     for wl in dict.fromkeys(r["workload"] for r in rows):
-        lines.append(f"workload {wl}   (tok/s = output tokens/s; TTFT p50, TPOT mean, E2E p95 in ms)")
+        lines.append(f"workload {wl}   (tok/s = output tokens/s; TTFT p50, TPOT mean, E2E p95 in ms; hit = share of "
+                     f"prompt tokens found in the server's prefix cache)")
         head = f"{'conc':>5}"
         for s in servers:
-            head += f" | {s[:22]:<22}{'tok/s':>7}{'TTFT':>7}{'TPOT':>7}{'E2E95':>8}"
+            head += f" | {s[:22]:<22}{'tok/s':>7}{'TTFT':>7}{'TPOT':>7}{'E2E95':>8}{'hit':>6}"
         lines.append(head)
         by_c: dict[int, dict] = {}
         for r in rows:
@@ -146,13 +126,18 @@ def format_table(rows: list[dict], servers: list[str]) -> str:
             for s in servers:
                 r = by_c[c].get(s)
                 if r is None:
-                    line += f" | {'':<22}{'-':>7}{'-':>7}{'-':>7}{'-':>8}"
+                    line += f" | {'':<22}{'-':>7}{'-':>7}{'-':>7}{'-':>8}{'-':>6}"
                     continue
                 fail = f" {r['failed']} failed" if r["failed"] else ""
                 line += (f" | {(r['pacing'] + fail)[:22]:<22}{num(r['tok_s']):>7}{num(r['ttft_p50_ms']):>7}"
-                         f"{num(r['tpot_mean_ms'], '.2f'):>7}{num(r['e2e_p95_ms'], '.0f'):>8}")
+                         f"{num(r['tpot_mean_ms'], '.2f'):>7}{num(r['e2e_p95_ms'], '.0f'):>8}"
+                         f"{_pct(r.get('prefix_hit_rate')):>6}")
             lines.append(line)
     return "\n".join(lines)
+
+
+def _pct(rate: float | None) -> str:
+    return "-" if rate is None else f"{100.0 * rate:.0f}%"
 
 
 def speculative_config_for(args) -> dict:
@@ -168,7 +153,7 @@ def speculative_config_for(args) -> dict:
                           {"method": "draft_model", "model": draft, "num_speculative_tokens": args.k})
     spec = parse_speculative_config(text).to_json()
     if spec is None:
-        raise SpeclabError("speclab bench --serve compares plain and speculative decoding: give a speculative "
+        raise SpeclabError("speclab bench serve compares plain and speculative decoding: give a speculative "
                            "config with num_speculative_tokens >= 1")
     return spec
 
@@ -262,7 +247,7 @@ def run_serve_bench(args) -> int:
     if args.peer == "vllm":
         venv = vllm_venv(args.vllm_venv)
         if venv is None:
-            print(f"speclab bench --serve: vLLM peer skipped: no venv at {args.vllm_venv or 'the default'} "
+            print(f"speclab bench serve: vLLM peer skipped: no venv at {args.vllm_venv or 'the default'} "
                   f"(set it up with scripts/setup_vllm)")
         else:
             peer = venv
@@ -280,13 +265,16 @@ def run_serve_bench(args) -> int:
     def solo_decoder() -> SoloDecoder:  # loaded once, when first needed
         return SoloDecoder(target, args.threads)
 
-    def measure(server_name, url, wl, c, warm, model=None):
-        """One load level on one server: (row, level summary without the per-request records)."""
+    def measure(server_name, url, wl, c, warm, model=None, rep=0):
+        """One load level on one server: (row, level summary without the per-request records). Fresh prompts: the
+        same for every server in a cell (each server's cache is its own), new for each cell and repetition."""
         ep = Endpoint(url, model=model, max_tokens=max_tokens, temperature=0.0, timeout=300.0)
         ls = LoadSpec(levels=concurrency_levels(str(c)), prompts=prompts_by_wl[wl], num_requests=n_requests(c),
-                      seed=args.seed, warmup=1 if warm else 0, quiet=True, tokenizer=target)
+                      seed=args.seed, warmup=1 if warm else 0, quiet=True, tokenizer=target,
+                      fresh=f"{run_salt}/{wl}/r{rep}" if prompt_mode == "fresh" else None)
         res = run(ep, ls)
         level = res["levels"][0]
+        texts_of.update(level.get("fresh_prompts", {}))
         for r in level["requests"]:
             if r["ok"]:
                 outputs.setdefault(server_name, {}).setdefault(r["prompt_id"], set()).add(r["text"])
@@ -307,10 +295,12 @@ def run_serve_bench(args) -> int:
         return row
 
     prefix_caching = getattr(args, "prefix_caching", "on")
+    prompt_mode = getattr(args, "prompt_mode", None) or ("fresh" if peer is not None else "repeat")
+    run_salt = uuid.uuid4().hex
     t_start = time.perf_counter()
-    log(f"speclab bench --serve: target {target}, speculative {json.dumps(spec)}, workloads {','.join(workloads)}, "
+    log(f"speclab bench serve: target {target}, speculative {json.dumps(spec)}, workloads {','.join(workloads)}, "
         f"max_tokens {max_tokens}, concurrency {fixed or f'1,2,4,... up to {max_c} until plain saturates'}, "
-        f"{reps} interleaved repetition(s), speclab prefix caching {prefix_caching}")
+        f"{reps} interleaved repetition(s), speclab prefix caching {prefix_caching}, {prompt_mode} prompts")
     vllm_notes = []
     up: list[tuple[str, object, str | None]] = []  # (name, server, model name to send)
     try:
@@ -335,7 +325,7 @@ def run_serve_bench(args) -> int:
                     srv = vllm_serve(peer, model_dir, sc)
                 except SpeclabError as e:
                     vllm_notes.append(f"{name} failed: {e}")
-                    print(f"speclab bench --serve: {name} failed: {e}")
+                    print(f"speclab bench serve: {name} failed: {e}")
                     continue
                 up.append((name, srv, model_dir))
                 log(f"{name} up after {srv.started_s:.0f} s")
@@ -351,7 +341,8 @@ def run_serve_bench(args) -> int:
                 for rep in range(reps):
                     shift = (i + rep) % len(up)
                     for name, srv, model in up[shift:] + up[:shift]:
-                        measured[name].append(measure(name, srv.url, wl, c, warm=i == 0 and rep == 0, model=model))
+                        measured[name].append(measure(name, srv.url, wl, c, warm=i == 0 and rep == 0, model=model,
+                                                      rep=rep))
                 kept = {name: keep(name, wl, c, m) for name, m in measured.items()}
                 done.append(c)
                 p = kept["speclab plain"]
@@ -382,7 +373,7 @@ def run_serve_bench(args) -> int:
     ident = identity(outputs, solo)
     cross = crossover(rows)
     result = {"target": target, "speculative_config": spec, "spec_policy": args.spec_policy, "workloads": workloads,
-              "max_tokens": max_tokens, "reps": reps,
+              "max_tokens": max_tokens, "reps": reps, "prompt_mode": prompt_mode,
               "requests_per_level": {c: n_requests(c) for cs in levels_by_wl.values() for c in cs},
               "levels": levels_by_wl, "rows": rows, "crossover": cross,
               "identity": ident, "solo_generate": solo_speed,
@@ -409,7 +400,7 @@ def run_serve_bench(args) -> int:
     for server, pc in result["prefix_cache"].items():
         if pc is not None and pc["hit_rate"] is not None:
             print(f"prefix cache, {server}: {pc['hit_rate']:.1%} of {pc['queries']:.0f} prompt tokens found in it "
-                  f"(the load repeats prompts)")
+                  f"({'every prompt unique' if prompt_mode == 'fresh' else 'the load repeats prompts'})")
     for server, d in ident["servers"].items():
         print(f"greedy identity, {server}: {d['identical']} of {d['prompts_checked']} prompts identical to solo "
               f"generation" + (f"; first mismatch {d['mismatches'][0]}" if d["mismatches"] else ""))

@@ -1,6 +1,6 @@
-"""``speclab bench --synthetic``: the (acceptance, k, batch) landscape against the cost model.
+"""``speclab bench synthetic``: the (acceptance, k, batch) landscape against the cost model.
 
-**--synthetic.** The synthetic drafter (``synthetic:ALPHA:C``) at every (alpha, k, batch), greedy,
+The synthetic drafter (``synthetic:ALPHA:C``) at every (alpha, k, batch), greedy,
 EOS ignored (every row emits exactly ``--max-new-tokens``), prompts cut to their first 32 tokens,
 each against plain decoding at the same batch. The decode-phase speedup (a prefill-only run
 subtracted from both) is compared with the cost model: the number of rounds, the active rows and the widest draft

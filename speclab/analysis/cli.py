@@ -1,75 +1,58 @@
-"""``speclab bench``: the acceptance report (default), ``--compare`` (speclab vs Hugging Face),
-``--policies`` and ``--synthetic`` (draft-length policies; the synthetic landscape vs the cost model),
-``--layouts`` (matmul weight layouts on the CPU), ``--tracker-fit`` (the acceptance tracker's settings by
-log-loss)."""
+"""``speclab bench``: one subcommand per benchmark; each prints a table and writes its JSON into ``--out DIR``.
+
+* ``acceptance``: acceptance per workload and draft (greedy and T=0.8) on the family;
+* ``compare``: speclab against Hugging Face ``generate`` (plain, assisted, prompt lookup), and a batch sweep;
+* ``serve``: ``speclab serve`` plain against speculative at rising concurrency (and vLLM, with ``--peer``);
+* ``policies``: every draft-length policy against plain decoding and fixed k, per workload, mixed stream and load;
+* ``synthetic``: the (acceptance, k, batch) landscape with the synthetic drafter against the cost model;
+* ``heads``: self-drafting heads, early exit and trees against separate drafts.
+
+The flags they share are declared once in :mod:`.flags`. One-off experiments live in ``benchmarks/``.
+"""
 
 from __future__ import annotations
 
+from .flags import add_flags, out_path
 
-def check_bench_args(args) -> None:
-    """The numbers every ``speclab bench`` mode shares, checked before any model loads: one line for a bad one
-    (each mode parses its lists again; ``--ks`` may hold 0 here, plain decoding, and modes that time only drafting
-    refuse it themselves)."""
+SUBCOMMANDS = ("acceptance", "compare", "serve", "policies", "synthetic", "heads")
+
+
+def check_numbers(args) -> None:
+    """The numbers a subcommand takes, checked before any model loads: one line for a bad one."""
     from ..limits import MAX_BATCH, MAX_K, check_int, check_k, check_max_new_tokens, check_threads, parse_numbers
 
-    if args.reps is not None:
+    if getattr(args, "reps", None) is not None:
         check_int("--reps", args.reps, 1, 10_000)
-    if args.prompts_per_workload is not None:
+    if getattr(args, "prompts_per_workload", None) is not None:
         check_int("--prompts-per-workload", args.prompts_per_workload, 1, 100_000)
     if getattr(args, "threads", None) is not None:
         check_threads(args.threads)
     check_max_new_tokens(args.max_new_tokens, name="--max-new-tokens")
-    check_k(args.k)
+    if isinstance(getattr(args, "k", None), int):
+        check_k(args.k)
     if getattr(args, "requests", None) is not None:
         check_int("--requests", args.requests, 1, 1_000_000)
     if getattr(args, "max_concurrency", None) is not None:
         from ..load.shapes import MAX_CONCURRENCY
 
         check_int("--max-concurrency", args.max_concurrency, 1, MAX_CONCURRENCY)
-    if args.batches:
+    if getattr(args, "batches", None):
         parse_numbers(args.batches, "--batches", integer=True, hi=MAX_BATCH)
-    if args.ks:
-        parse_numbers(args.ks, "--ks", integer=True, lo=0, lo_open=False, hi=MAX_K)
+    if getattr(args, "ks", None):
+        lo = 1 if args.mode in ("policies", "synthetic", "heads") else 0
+        what = "--k (plain decoding, k = 0, is always there)" if lo else "--k"
+        parse_numbers(args.ks, what, integer=True, lo=0, lo_open=bool(lo), hi=MAX_K)
     if getattr(args, "alphas", None):
         parse_numbers(args.alphas, "--alphas", lo=0, lo_open=False, hi=1)
-    if getattr(args, "eagle_ks", None):
-        parse_numbers(args.eagle_ks, "--eagle-ks", integer=True, hi=MAX_K)
 
 
 def cmd_bench(args) -> int:
-    check_bench_args(args)
-    if getattr(args, "serve_experiment", False):
-        from .serve_experiment import run_from_args as run_serve_experiment
+    check_numbers(args)
+    args.json = str(out_path(args, args.mode))
+    return RUNNERS[args.mode](args)
 
-        return run_serve_experiment(args)
-    if getattr(args, "serve", False):
-        from .bench_serve import run_serve_bench
 
-        return run_serve_bench(args)
-    if getattr(args, "synthetic", False):
-        from .bench_synthetic import run_synthetic
-
-        return run_synthetic(args)
-    if getattr(args, "policies", False):
-        from .bench_policies import run_policies
-
-        return run_policies(args)
-    if getattr(args, "tracker_fit", False):
-        from .tracker_fit import run_tracker_fit
-
-        return run_tracker_fit(args)
-    if getattr(args, "layouts", False):
-        from .bench_layouts import run_layouts_bench
-
-        return run_layouts_bench(args)
-    if getattr(args, "heads", False):
-        from .bench_heads import run_heads_bench
-
-        return run_heads_bench(args)
-    if getattr(args, "compare", False):
-        from .compare import run_compare
-
-        return run_compare(args)
+def _acceptance(args) -> int:
     from .report import run_from_args
 
     args.workload = args.workload or "all"
@@ -77,64 +60,152 @@ def cmd_bench(args) -> int:
     return run_from_args(args)
 
 
-def add_compare_arguments(p) -> None:
-    p.add_argument("--compare", action="store_true", help="speclab vs Hugging Face side by side (issue 6)")
-    p.add_argument("--draft", default=None, help="draft model for --compare (default: the family's best draft)")
-    p.add_argument("--ks", default=None, help="k values for --compare (default 2,4; --full 2,4,6)")
-    p.add_argument("--batches", default=None, help="batch sizes for the --compare batch sweep (default 1,4,16; "
-                   "--full 1,2,4,8,16,32,64,128)")
-    p.add_argument("--reps", type=int, default=None,
-                   help="interleaved repetitions per prompt (default 2; --full 3; --heads 3; --serve: per load level, "
-                   "every server in turn, default 1; --serve-experiment: per cell, every speclab server in turn, "
-                   "default 1)")
-    p.add_argument("--full", action="store_true", help="--compare over the full grid (every workload, 4 prompts, "
-                   "k 2,4,6, batches to 128, 3 repetitions: about 20 minutes on 2 cores) instead of the ~3-minute "
-                   "default")
-    p.add_argument("--device", default=None)
+def _compare(args) -> int:
+    from .compare import run_compare
+
+    return run_compare(args)
 
 
-def add_heads_arguments(p) -> None:
-    p.add_argument("--heads", action="store_true", help="self-drafting heads, early exit and trees (issue 15)")
-    p.add_argument("--budget", type=int, default=8, help="--heads: verification budget of the tree-vs-chain pairs")
-    p.add_argument("--exits", action="store_true", help="--heads: early exit at every m (chooses the default m)")
-    p.add_argument("--eagle-ks", default="4,6", help="--heads: the EAGLE chain's k values (besides the budget)")
-    p.add_argument("--methods", default=None,
-                   help="--heads: comma list of method names to run (default: all; 'plain' is always run)")
+def _serve(args) -> int:
+    from .bench_serve import run_serve_bench
+
+    args.charts = str(out_path(args, "serve").parent / "serve_charts")
+    return run_serve_bench(args)
+
+
+def _policies(args) -> int:
+    from .bench_policies import run_policies
+
+    return run_policies(args)
+
+
+def _synthetic(args) -> int:
+    from .bench_synthetic import run_synthetic
+
+    return run_synthetic(args)
+
+
+def _heads(args) -> int:
+    from .bench_heads import run_heads_bench
+
+    return run_heads_bench(args)
+
+
+RUNNERS = {"acceptance": _acceptance, "compare": _compare, "serve": _serve, "policies": _policies,
+           "synthetic": _synthetic, "heads": _heads}
+
+
+def _acceptance_parser(sub) -> None:
+    p = sub.add_parser("acceptance", help="acceptance per workload and draft (greedy and T=0.8) on the family")
+    add_flags(p, "target", "draft", "workload", "k", "max_new_tokens", "prompts", "seed", "threads", "out", "quiet",
+              draft=dict(action="append", dest="drafter",
+                         help="a draft to measure (repeatable; default: every family draft and ngram)"),
+              workload=dict(help="'all' (default), a workload name, a comma list or a .jsonl path"),
+              prompts=dict(help="prompts taken from each workload (default 8)"))
+    p.add_argument("--temperature", type=float, action="append", default=None,
+                   help="temperature (repeatable; default 0 and 0.8)")
+
+
+def _compare_parser(sub) -> None:
+    p = sub.add_parser("compare", help="speclab against Hugging Face generate side by side, and a batch sweep "
+                       "(~3 minutes; --full: every workload, k 2,4,6, batches to 128, ~20 minutes)")
+    add_flags(p, "target", "draft", "workload", "ks", "batches", "max_new_tokens", "prompts", "reps", "full",
+              "device", "threads", "out", "quiet",
+              workload=dict(help="workloads (default json,code; --full: all)"),
+              ks=dict(help="draft lengths (default 2,4; --full 2,4,6)"),
+              batches=dict(help="batch sizes of the batch sweep (default 1,4,16; --full 1,2,...,128)"),
+              prompts=dict(help="prompts per workload (default 3; --full 4)"),
+              reps=dict(help="interleaved repetitions per prompt (default 2; --full 3)"))
+
+
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="speclab serve plain against speculative at rising concurrency (and vLLM with "
+                       "--peer vllm)")
+    add_flags(p, "target", "draft", "k", "workload", "max_new_tokens", "reps", "full", "seed", "threads", "out",
+              "quiet", workload=dict(help="workloads (default json,code; --full: all)"),
+              max_new_tokens=dict(help="tokens per request (default 32; --full 64)"),
+              reps=dict(help="interleaved repetitions per load level, every server in turn (default 1)"))
+    p.add_argument("--policy", dest="spec_policy", default=None, metavar="NAME",
+                   help="the speculative server's draft-length policy (default: fixed k)")
+    p.add_argument("--concurrency", default=None, help="concurrency levels, a comma list (default 1,2,4,... until "
+                   "plain decoding saturates, at most --max-concurrency)")
+    p.add_argument("--max-concurrency", type=int, default=None, help="highest level of the doubling (default 16; "
+                   "--full 64)")
+    p.add_argument("--requests", type=int, default=None, help="requests per level (default max(4, 2 x concurrency); "
+                   "--full max(8, 4 x concurrency))")
+    p.add_argument("--peer", choices=("vllm",), default=None, help="also run the same load against vLLM")
+    p.add_argument("--vllm-venv", default=None, metavar="PATH", help="vLLM's venv (default $SPECLAB_VLLM_VENV or "
+                   "/work/vllm-venv)")
+    p.add_argument("--prefix-caching", choices=("on", "off"), default="on", help="the speclab servers' prefix "
+                   "caching (default on, as both servers default)")
+    p.add_argument("--prompt-mode", choices=("repeat", "fresh"), default=None, help="fresh: each request's prompt "
+                   "unique, so no prefix cache helps (default with --peer vllm); repeat: the workload's prompts again "
+                   "and again (default otherwise)")
+    p.set_defaults(speculative_config=None)
+
+
+def _policies_parser(sub) -> None:
+    add_policies_flags(sub.add_parser("policies", help="every draft-length policy against plain decoding and fixed "
+                                      "k, per workload, mixed stream and load (quick grid unless --full)"))
+
+
+def add_policies_flags(p) -> None:
+    """The flags of ``bench policies`` (also those of ``benchmarks/policy_oracle.py``)."""
+    add_flags(p, "target", "draft", "workload", "ks", "batches", "max_new_tokens", "prompts", "reps", "full",
+              "clock", "seed", "threads", "device", "out", "quiet",
+              workload=dict(help="workloads and their mix (default json,code; --full: all)"),
+              ks=dict(help="fixed k values; the largest is the adaptive policies' K (default 1,2,4)"),
+              batches=dict(help="concurrency levels (default 1,4,16,64)"),
+              max_new_tokens=dict(help="tokens per request, around which budgets spread (at most 32 unless --full; "
+                                       "default 64)"),
+              prompts=dict(help="requests per workload (default 4; --full 8)"),
+              reps=dict(help="interleaved repetitions of the whole grid (default 3)"))
+    p.add_argument("--policy", dest="policy_list", default=None, metavar="NAME,...",
+                   help="policies to run besides plain and fixed k (default: every one; 'none': none)")
+    p.add_argument("--length-spread", type=float, default=0.5, help="each request's token budget drawn uniformly "
+                   "from max-new-tokens x [1 - s, 1 + s] (default 0.5; 0: every request max-new-tokens)")
+    p.add_argument("--control", action="store_true", help="also a second plain configuration: the A/A control, "
+                   "how far two identical configurations read apart")
+    p.set_defaults(mode="policies")
+
+
+def _synthetic_parser(sub) -> None:
+    p = sub.add_parser("synthetic", help="the (acceptance, k, batch) landscape with the synthetic drafter against "
+                       "the cost model")
+    add_flags(p, "target", "workload", "ks", "batches", "max_new_tokens", "prompts", "reps", "full", "clock",
+              "seed", "threads", "device", "out", "quiet",
+              workload=dict(help="where the prompts come from (default: all)"),
+              ks=dict(help="draft lengths (default 1,2,4,8)"), batches=dict(help="batch sizes (default 1,4,16,64)"),
+              max_new_tokens=dict(help="tokens per row (at most 32 unless --full; default 64)"),
+              reps=dict(help="interleaved repetitions (default 3)"))
+    p.add_argument("--alphas", default=None, metavar="A,...", help="acceptance values (default 0.3,0.5,0.7,0.9)")
+    p.add_argument("--cost", type=float, default=0.1, help="draft step cost C, in target steps (default 0.1)")
+    p.set_defaults(draft=None)
+
+
+def _heads_parser(sub) -> None:
+    p = sub.add_parser("heads", help="self-drafting heads, early exit and trees against separate drafts (batch 1, "
+                       "greedy)")
+    add_flags(p, "target", "workload", "ks", "max_new_tokens", "prompts", "reps", "clock", "device", "threads",
+              "out", "quiet",
+              ks=dict(default="4,6", help="draft lengths: the first is every chain's k, all are the EAGLE chain's "
+                                          "(default 4,6)"),
+              prompts=dict(help="prompts per workload (default 4)"), reps=dict(help="interleaved repetitions "
+                                                                                    "(default 3)"))
+    p.add_argument("--budget", type=int, default=8, help="verification budget of the tree-vs-chain pairs (default 8)")
+    p.add_argument("--exits", action="store_true", help="early exit at every layer m instead (chooses the default m)")
+    p.add_argument("--methods", default=None, help="comma list of method names to run (default: all; 'plain' "
+                   "always runs)")
 
 
 def add_commands(subparsers) -> None:
-    """Register ``bench`` on an argparse subparsers object."""
-    from .bench_runs import add_arguments as add_policy_arguments
-
-    b = subparsers.add_parser("bench", help="acceptance per workload and drafter (greedy and T=0.8)")
-    b.add_argument("--workload", default=None, help="'all', a workload name, comma list or a .jsonl path "
-                   "(default: all; --compare: json,code unless --full)")
-    b.add_argument("--k", "-k", type=int, default=4)
-    b.add_argument("--max-new-tokens", type=int, default=64)
-    b.add_argument("--prompts-per-workload", type=int, default=None,
-                   help="(default 8; --compare: 3, --full 4; --heads 4)")
-    b.add_argument("--drafter", action="append", default=None,
-                   help="drafter to measure (repeatable; default: every family draft and ngram)")
-    b.add_argument("--temperature", type=float, action="append", default=None,
-                   help="temperature (repeatable; default 0 and 0.8)")
-    b.add_argument("--target", default=None, help="target model (default: the family target)")
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--threads", type=int, default=None)
-    b.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
-    b.add_argument("--quiet", action="store_true")
-    add_compare_arguments(b)
-    from .bench_serve import add_serve_arguments
-
-    add_serve_arguments(b)
-    from .serve_experiment import add_arguments as add_experiment_arguments
-
-    add_experiment_arguments(b)
-    add_heads_arguments(b)
-    b.add_argument("--layouts", action="store_true", help="matmul weight layouts on the CPU: forwards per number of "
-                   "rows, and generate with the engine's choice against W^T everywhere (--batches, default 1,4; --ks, "
-                   "default 0,2,4; --reps, default 15 forwards and 6 generations per cell)")
-    add_policy_arguments(b)
-    b.add_argument("--tracker-fit", action="store_true",
-                   help="the acceptance tracker's settings scored by log-loss on fixed-k histories (no timing; "
-                        "--workload, default json,code,tech_prose; --ks, default 1,2,4; --max-new-tokens)")
+    """Register ``bench`` and its subcommands on an argparse subparsers object."""
+    b = subparsers.add_parser("bench", help="benchmarks: acceptance, compare, serve, policies, synthetic, heads",
+                              description="One subcommand per benchmark: each prints a table and writes its JSON "
+                                          "into --out DIR (default results/). One-off experiments live in "
+                                          "benchmarks/ (python benchmarks/NAME.py --help).")
+    sub = b.add_subparsers(dest="mode", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    for make in (_acceptance_parser, _compare_parser, _serve_parser, _policies_parser, _synthetic_parser,
+                 _heads_parser):
+        make(sub)
     b.set_defaults(func=cmd_bench)

@@ -1,4 +1,4 @@
-"""``speclab bench --compare``: speclab against Hugging Face side by side, and against its own limit.
+"""``speclab bench compare``: speclab against Hugging Face side by side, and against its own limit.
 
 Same target/draft pair, same prompts per workload, greedy, same max_new_tokens, batch 1; runs
 interleaved (A B C ... A B C ...) after a warm-up; medians reported. Methods:
@@ -163,7 +163,7 @@ def run_compare(args) -> int:
 
     check_same_tokenizer(target, draft)
     dev = target.device
-    ks = parse_numbers(args.ks, "--ks", integer=True, hi=32)
+    ks = parse_numbers(args.ks, "--k", integer=True, hi=32)
     batches = parse_numbers(args.batches, "--batches", integer=True, hi=16384)
     wl_names = workload_names(args.workload)
     n_prompts = args.prompts_per_workload
@@ -281,7 +281,7 @@ def run_compare(args) -> int:
     crossover = next((b["batch"] for b in batch_rows if b["speedup"] < 1.0), None)
 
     report = dict(
-        command="speclab bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "speclab bench --compare",
+        command="speclab bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "speclab bench compare",
         target=target.name, draft=draft.name, device=str(dev), threads=torch.get_num_threads(),
         max_new_tokens=args.max_new_tokens, prompts_per_workload=n_prompts, reps=args.reps,
         rows=rows, efficiency=dict(step_costs=costs_by_wl, per_workload=eff,

@@ -167,7 +167,7 @@ def step_costs(target, draft=None, ks=(), *, batch: int = 1, context: int = 128,
     """Median seconds of one target decode step, one draft decode step (``draft``: an LM or None)
     and one target verification of k+1 positions for each k in ``ks``, all against a cache of
     ``context`` positions and timed interleaved. The one timer behind :func:`cost_ratio`,
-    :func:`verify_costs`, :func:`time_forward` and ``speclab bench --compare``."""
+    :func:`verify_costs`, :func:`time_forward` and ``speclab bench compare``."""
     ks = [int(k) for k in ks if int(k) > 0]
     fns = {"target": _stepper(target, batch, context, 1)}
     if draft is not None:
@@ -370,11 +370,11 @@ def round_time(costs, rows: int, k: int, *, verify_tokens: int | None = None, dr
                overhead: float = 0.0) -> float:
     """Seconds of one round of ``rows`` rows: plain decoding (k = 0) is one target step; speculation is
     ``draft_steps`` (default k) draft steps and one target forward over ``verify_tokens`` (default k+1;
-    a tree verifies more) positions per row. ``overhead``: host seconds per round outside the forwards."""
-    if k == 0:
-        return costs.target_time(rows, 1) + overhead
-    steps = k if draft_steps is None else draft_steps
-    return steps * costs.draft_time(rows) + costs.target_time(rows, verify_tokens or k + 1) + overhead
+    a tree verifies more) positions per row. ``overhead``: host seconds per round outside the forwards.
+    The engine's rule (:func:`speclab.engine.costs.round_time`), which the live policies weigh with too."""
+    from ..engine.costs import round_time as engine_round_time  # here: the pure functions above need no torch
+
+    return engine_round_time(costs, rows, k, verify_tokens=verify_tokens, draft_steps=draft_steps, overhead=overhead)
 
 
 def predict(costs, acceptance, k: int, rows: int = 1, *, mean_length: float | None = None,

@@ -1,11 +1,11 @@
-"""The roofline cost model against published measurements (``speclab advise --validate``).
+"""The roofline cost model against published measurements (``speclab advise validate``).
 
 Each case is a published throughput, TPOT or speedup with the mean accepted length published with it
 (the acceptance input). The model predicts it twice:
 
 * **roofline**: vendor peak bandwidth and FLOP/s, no per-step overhead (the ideal engine);
 * **calibrated**: a fixed per-forward overhead fitted to the same source's plain-decoding number and
-  paid by every forward, target and draft alike (the issue's formula). Sources that publish only
+  paid by every forward, target and draft alike. Sources that publish only
   speedups (Spec-Bench) have no absolute plain number to fit, so this column is empty for them.
 
 For speculative cases the table also shows the draft step the published number implies: the round

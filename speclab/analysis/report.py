@@ -1,7 +1,7 @@
 """Acceptance report: per workload and per drafter, acceptance rate and mean accepted length at k,
 greedy and at temperature 0.8, measured with the speculative decoding engine.
 
-    speclab bench --workload all --k 4 --json runs/acceptance.json
+    speclab bench acceptance --workload all --k 4 --out results
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ the 2 / bytes-per-parameter FLOPs a weight byte carries per token) the matmuls t
 the verify forward costs more than a decode step: that is where speculation stops paying.
 
 :data:`PRESETS` are vendor datasheet numbers (each with its source); ``cpu`` is measured on this
-machine by :func:`measure_cpu` (``speclab advise --measure-cpu``) and stored with the date and the
+machine by :func:`measure_cpu` (``speclab advise measure-cpu``) and stored with the date and the
 command in ``cpu_preset.json``. :class:`RooflineCosts` gives the step costs the predictions of
 :mod:`speclab.analysis.costmodel` read.
 
@@ -37,7 +37,7 @@ from pathlib import Path
 from ..errors import SpeclabError
 
 CPU_PRESET_PATH = Path(__file__).resolve().parent / "cpu_preset.json"
-MEASURE_COMMAND = "speclab advise --measure-cpu"
+MEASURE_COMMAND = "speclab advise measure-cpu"
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
-"""The synthetic landscape's cost model (``speclab bench --synthetic``, and the policies benchmark's calibration):
+"""The synthetic landscape's cost model (``speclab bench synthetic``, and the policies benchmark's calibration):
 the rounds, active rows and widest draft per round that alpha, k and a budget imply (:func:`round_plan`), a
 round's time from calibration batches that accept nothing (:func:`round_times_from_calibration`) or from its
 parts (:func:`parts_round_time`), and the acceptance the draws realized (:func:`draws`).
 """
 
 from __future__ import annotations
+
+from ..engine.costs import round_time
 
 
 def round_plan(alpha, k: int, budget: int, rows: int) -> list[tuple[float, float, list[float]]]:
@@ -61,14 +63,29 @@ def predict_decode_time(alpha, k: int, rows: int, budget: int, round_time) -> fl
                for p_run, n, width in round_plan(alpha, k, budget, rows))
 
 
+class _Parts:
+    """A round's parts timed apart, as the step costs :func:`speclab.engine.costs.round_time` reads."""
+
+    def __init__(self, c: float, forward, overhead, draft=None):
+        self.c, self.forward, self.overhead, self.draft = c, forward, overhead, draft
+
+    def target_time(self, rows: int, tokens: int) -> float:
+        return self.forward(rows, tokens)
+
+    def draft_time(self, rows: int) -> float:
+        return self.c * (self.draft(rows) if self.draft is not None else self.forward(rows, 1))
+
+    def overhead_time(self, rows: int, drafted: bool = True) -> float:
+        return self.overhead(rows)
+
+
 def parts_round_time(c: float, forward, overhead, draft=None):
     """A round's seconds from its parts timed apart: c w draft(n) (the synthetic draft's burn) + forward(n, w + 1)
     (the verify forward) + overhead(n) (per-round host work) (``forward(n, T)``: a target forward of n rows x T
-    tokens; ``draft(n)``: the target step the draft's cost is a multiple of, default forward(n, 1))."""
-    def round_time(n, w):
-        t1 = draft(n) if draft is not None else forward(n, 1)
-        return c * w * t1 + forward(n, w + 1) + overhead(n)
-    return round_time
+    tokens; ``draft(n)``: the target step the draft's cost is a multiple of, default forward(n, 1)), by the engine's
+    rule for a round's cost (:func:`speclab.engine.costs.round_time`)."""
+    parts = _Parts(c, forward, overhead, draft)
+    return lambda n, w: round_time(parts, n, w)
 
 
 def draws(history) -> int:

@@ -33,7 +33,7 @@ def cached_model(spec: str, device=None, role: str = "model", dtype=None) -> LM:
     dev = torch.device(device) if device is not None else default_device()
     dt = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)  # load_model's default
     key = (spec, str(dev), str(dt))
-    with _MODELS_LOCK:  # two sessions asking for the same model at once load it once
+    with _MODELS_LOCK:  # two callers asking for the same model at once load it once
         if key not in _MODELS:
             _MODELS[key] = load_model(spec, device=dev, role=role, dtype=dt)
         return _MODELS[key]

@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-__all__ = ["build_demo", "main", "parse_args"]
+__all__ = ["build_demo", "check_port", "main", "parse_args"]
 
 
 def build_demo(cfg=None):
@@ -43,22 +43,52 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def check_port(host: str, port: int) -> None:
+    """A busy port is one line, before any model loads (Gradio's own error is a traceback after the build).
+    The probe binds as uvicorn does (SO_REUSEADDR: a port a closed app left in TIME_WAIT is free) and lets go."""
+    import socket
+
+    from ..errors import SpeclabError
+
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise SpeclabError(f"cannot listen on {host}:{port}: {e.strerror or e} (choose another with --port, "
+                               f"or set GRADIO_SERVER_PORT)") from None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from ..errors import SpeclabError
     from .config import AppConfig
-    from .ui import CSS
-    from .ui import build_demo as _build
 
     try:
+        check_port(args.host, args.port)  # before Gradio's import: a busy port answers in a second
         cfg = AppConfig.from_env(target=args.target, draft=args.draft, extra_drafts=args.drafts,
                                  allow_custom_models=args.allow_custom_models, device=args.device,
                                  allow_remote_servers=args.allow_remote_servers)
     except SpeclabError as e:
         print(f"app.py: {e}", file=sys.stderr)
         return 2
+    from .ui import CSS
+    from .ui import build_demo as _build
+
     demo = _build(cfg)
     demo.queue(default_concurrency_limit=max(1, args.concurrency))
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, ssr_mode=False,
-                show_error=False, footer_links=["api", "gradio"])
+    # quiet: Gradio's own lines tell a user of app.py to edit launch() for a public link; ours name the flag
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, ssr_mode=False,
+                    show_error=False, footer_links=["api", "gradio"], quiet=True, prevent_thread_lock=True)
+    except OSError as e:  # the port was taken between the check and the bind
+        print(f"app.py: cannot listen on {args.host}:{args.port}: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(f"speclab app on {demo.local_url}", flush=True)
+    if demo.share_url:
+        print(f"public link: {demo.share_url} (temporary; anyone with it can use the app)", flush=True)
+    elif not os.environ.get("SPACE_ID"):
+        print("a public gradio.live link: python app.py --share", flush=True)
+    demo.block_thread()
     return 0

@@ -51,7 +51,7 @@ def validate_advice(source, rates, files, hardware, target_model, draft_model, d
         raise SpeclabError(f"unknown draft model {draft_model!r}")
     paths = tuple(str(getattr(f, "name", f)) for f in (files or []) if f)
     if source == ACCEPTANCE_FILES and not paths:
-        raise SpeclabError("upload at least one result file (speclab bench --json, a sweep, speclab load --json)")
+        raise SpeclabError("upload at least one result file (speclab bench, a sweep, speclab load --json)")
     if source == ACCEPTANCE_TYPED and not (isinstance(rates, str) and rates.strip()):
         raise SpeclabError("type acceptance rates, e.g. json:0.7,code:0.35")
 

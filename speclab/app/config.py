@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import SpeclabError
 from ..limits import truthy
+from ..models.presets import find_preset, preset_names
 
 # the app's own ranges (what its controls offer); the checks themselves are speclab.limits'
 MAX_K = 16
@@ -76,7 +77,7 @@ class AppConfig:
     @classmethod
     def build(cls, target: str | None = None, draft: str | None = None, extra_drafts: list[str] | None = None,
               allow_custom_models: bool = False, device: str | None = None,
-              allow_remote_servers: bool = False) -> "AppConfig":
+              allow_remote_servers: bool = False, presets: bool = True) -> "AppConfig":
         fam = _family()
         fam_target, fam_draft = _family_defaults()
         names = [m["name"] for m in fam]
@@ -88,9 +89,10 @@ class AppConfig:
         fam_drafts = sorted((m for m in fam if m.get("role") != "target"),
                             key=lambda m: (order.get(m.get("role"), 2), -(m.get("parameters") or 0), m["name"]))
         fam_drafts = [m["name"] for m in fam_drafts]
-        targets = ([target] if target else []) + [t for t in fam_targets if t != target]
+        hub = preset_names() if presets else []  # curated hub pairs: offered, downloaded only when picked
+        targets = ([target] if target else []) + [t for t in fam_targets + hub if t != target]
         drafts: list[str] = []
-        offered = fam_drafts + (list(self_drafts()) if fam else []) + list(BUILTIN_DRAFTS)
+        offered = fam_drafts + (list(self_drafts()) if fam else []) + hub + list(BUILTIN_DRAFTS)
         for d in ([draft] if draft else []) + list(extra_drafts or []) + offered:
             if d and d not in drafts:
                 drafts.append(d)
@@ -98,9 +100,10 @@ class AppConfig:
             default_draft = draft
         elif fam_draft in fam_drafts:
             default_draft = fam_draft
-        else:
-            default_draft = next((d for d in drafts if d not in BUILTIN_DRAFTS), "ngram")
-        return cls(tuple(targets), tuple(drafts), targets[0] if targets else None, default_draft,
+        else:  # never a preset: the first screen must run without a download
+            default_draft = next((d for d in drafts if d not in BUILTIN_DRAFTS and d not in hub), "ngram")
+        default_target = targets[0] if targets and targets[0] not in hub or target else None
+        return cls(tuple(targets), tuple(drafts), default_target, default_draft,
                    allow_custom_models, device, bool(fam), allow_remote_servers)
 
     @classmethod
@@ -112,7 +115,8 @@ class AppConfig:
                   extra_drafts=[d.strip() for d in env.get("SPECLAB_DRAFTS", "").split(",") if d.strip()],
                   allow_custom_models=truthy(env.get("SPECLAB_ALLOW_CUSTOM_MODELS")),
                   allow_remote_servers=truthy(env.get("SPECLAB_ALLOW_REMOTE_SERVERS")),
-                  device=env.get("SPECLAB_DEVICE") or None)
+                  device=env.get("SPECLAB_DEVICE") or None,
+                  presets=env.get("SPECLAB_PRESETS", "1").strip().lower() not in ("0", "no", "off", "false"))
         for k, v in overrides.items():
             if v is not None and v != [] and v is not False:
                 kw[k] = v
@@ -125,9 +129,9 @@ class AppConfig:
 def check_model_choice(cfg: AppConfig, value, role: str) -> str:
     choices = cfg.targets if role == "target" else cfg.drafts
     if not isinstance(value, str) or not value.strip():
-        if role == "target" and not choices:
-            raise SpeclabError("no target model: the embedded family is not trained yet; start the app with "
-                               "--target PATH (or set SPECLAB_TARGET)")
+        if role == "target" and all(find_preset(c) for c in choices):
+            raise SpeclabError("no target model: the embedded family is not trained yet; pick a hub preset, or "
+                               "start the app with --target PATH (or set SPECLAB_TARGET)")
         raise SpeclabError(f"no {role} chosen")
     value = value.strip()
     if value in choices or (role == "draft" and value.lower() in BUILTIN_DRAFTS + SELF_DRAFTS):
@@ -161,3 +165,13 @@ def as_list(name: str, v) -> list:
     if not isinstance(v, (list, tuple)):
         raise SpeclabError(f"{name} must be a list, got {type(v).__name__}")
     return list(v)
+
+
+def preset_label(name: str, role: str) -> str | None:
+    """How a preset reads in a picker: its hub model and what picking it costs (a download, its size)."""
+    p = find_preset(name)
+    if p is None:
+        return None
+    hub, shape = (p.draft, p.draft_shape) if role == "draft" else (p.target, p.target_shape)
+    gb = shape.parameters() * 2 / 1e9  # bf16 checkpoints: 2 bytes a parameter
+    return f"{p.name}: {hub} (hub, ~{gb:.1f} GB download on first use)"

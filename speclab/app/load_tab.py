@@ -154,10 +154,13 @@ def load_tables(results: dict[str, dict]):
         for row in level_rows(r):
             rows.append(dict(policy=name, verdict=r["verdict"]["verdict"], **row))
         for lv in r["levels"]:
-            sd = (lv.get("server") or {}).get("spec_decode") or {}
-            if sd:
-                acc.append(dict(policy=name, load=lv["level"]["label"],
-                                acceptance_rate=sd.get("acceptance_rate"),
-                                mean_acceptance_length=sd.get("mean_acceptance_length"),
-                                per_position=" ".join(f"{x:.2f}" for x in (sd.get("per_position_acceptance") or []))))
+            server = lv.get("server") or {}
+            sd = server.get("spec_decode") or {}
+            # the whole level, then each workload tag the server counted apart (speclab serve: speclab:workload_*)
+            tags = list((server.get("spec_decode_by_workload") or {}).items())
+            for workload, s in ([("all", sd)] if sd else []) + tags:
+                acc.append(dict(policy=name, load=lv["level"]["label"], workload=workload,
+                                acceptance_rate=s.get("acceptance_rate"),
+                                mean_acceptance_length=s.get("mean_acceptance_length"),
+                                per_position=" ".join(f"{x:.2f}" for x in (s.get("per_position_acceptance") or []))))
     return pd.DataFrame(rows), pd.DataFrame(acc)

@@ -58,6 +58,19 @@ def run_timing(cfg: AppConfig, s: DecodeSettings, repeats: int = TIMING_REPEATS)
                                                                       "itl_p50_ms", "itl_max_ms")},
                          repeats=len(ms)))
     names = [n for n, _, _ in runs]
+    phases = _phases(target, runs, summaries, len(target.encode(s.prompt)) + s.max_new_tokens // 2)
     sp = speedup(summaries[names[-1]], summaries[names[0]]) if len(names) == 2 else None
     return {"gaps": pd.concat(gaps, ignore_index=True), "ttft": pd.DataFrame(rows), "metrics": summaries,
-            "speedup": sp}
+            "speedup": sp, "phases": phases}
+
+
+def _phases(target, runs, summaries: dict, context: int):
+    """ms per round and phase of each method (its median run), beside the floors measured now."""
+    from ..analysis.bench_round import floor_phases, per_round_from_summary, phase_frame
+    from ..analysis.sweep import new_drafter
+
+    per = {name: per_round_from_summary(summaries[name]) for name, _, _ in runs}
+    spec = [(spec, k) for _, spec, k in runs if spec]
+    if spec:
+        per.update(floor_phases(target, new_drafter(spec[0][0], target), spec[0][1], context))
+    return phase_frame(per)

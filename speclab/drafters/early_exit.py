@@ -32,7 +32,7 @@ from ..errors import SpeclabError
 from .base import DraftContext, Proposal, StatelessDrafter
 from .chain import ChainDraft
 
-# m by measurement on the shipped family (`speclab bench --heads --exits`, docs/heads.md; k = 4, greedy, code,
+# m by measurement on the shipped family (`speclab bench heads --exits`, docs/heads.md; k = 4, greedy, code,
 # json and tech_prose): mean accepted length rises with m (1.36, 1.59, 1.91, 1.97, 2.62 for m = 1..5) and so
 # does the round cost (2.1 to 4.3 plain steps), so no m pays on this CPU (speedups 0.54-0.65); the tuned exit
 # at m = 3 is the best of all (2.41 tokens per round, 0.73x), so 3 is the default and the tuned exit's layer

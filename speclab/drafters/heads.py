@@ -465,7 +465,8 @@ class EagleDrafter:
         return self.head.finish(x, q, kc[:, :, :kv_len], vc[:, :, :kv_len], None if mask is None else mask[:, None])
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.native.head(self.head.out(h))
+        own = getattr(self.head, "logits", None)  # a head with its own LM head (EAGLE-3's draft vocabulary)
+        return own(h) if own is not None else self.native.head(self.head.out(h))
 
     # ---- protocol
     @torch.inference_mode()

@@ -4,11 +4,14 @@ Spec strings: a name, then ``:``-separated options (keyword arguments win over t
 
     ngram                                  prompt lookup (a chain)
     ngram:tree=dynamic:nodes=8             prompt lookup, its matches merged into a tree of 8 nodes
-    suffix / suffix:depth=24:factor=1:min_prob=0.1:cache=1000   suffix decoding (suffix trees)
+    suffix / suffix:depth=24:factor=1:min_prob=0.1:cache=1000   suffix decoding (suffix trees over the request
+                                           and earlier outputs, vLLM's method "suffix")
     draft-xs-distill:tree=dynamic:width=3  a draft model proposing EAGLE-2-style dynamic trees
     early-exit / early-exit:2 / early-exit:3:tuned   the target's first m layers (tuned: a trained exit)
     eagle / eagle:tree=dynamic:nodes=8     the EAGLE head (a chain, or a tree)
     medusa / medusa:tree=static:branch=3-2-1   the Medusa heads
+    suffix-match / suffix-match:min_match=2:factor=1   the longest earlier match alone, draft length follows it
+    eagle+suffix / eagle+suffix:min_match=3   the suffix draft where the context repeats, the EAGLE head elsewhere
 
 Tree options (every drafter but early exit): ``tree`` = chain | static | dynamic, ``nodes`` (budget cap;
 the round's k also caps it), ``branch`` (static: children per node per depth, e.g. 3-2-1), ``width``
@@ -29,10 +32,13 @@ from .trees import TreeShape
 
 NONE_NAMES = ("", "none", "off", "baseline")
 LOOKUP_NAMES = ("ngram", "prompt-lookup", "prompt_lookup", "pld")
-SUFFIX_NAMES = ("suffix", "suffix-decoding", "suffix_decoding")
-SUFFIX_KEYS = {"depth": int, "factor": float, "offset": float, "min_prob": float, "cache": int}
+SUFFIX_NAMES = ("suffix", "suffix-decoding", "suffix_decoding")  # suffix trees (speclab.drafters.suffix_tree)
+SUFFIX_KEYS = {"depth": int, "max_depth": int, "factor": float, "offset": float, "min_prob": float, "cache": int,
+               "min_match": int}
+MATCH_NAMES = ("suffix-match",)  # the longest earlier match alone (speclab.drafters.suffix)
 EXIT_NAMES = ("early-exit", "early_exit", "layerskip")
 HEAD_NAMES = ("eagle", "medusa")
+HYBRID_NAMES = ("eagle+suffix", "hybrid")
 TREE_KEYS = ("tree", "nodes", "branch", "width", "depth", "trunk")
 _OPTION = re.compile(r"^[a-z_]+=[^=]*$|^\d+$|^tuned$")
 
@@ -86,14 +92,34 @@ def make_drafter(spec: str | None, target, load=load_model, **kw):
         return PromptLookupDrafter(**{k: float(v) if k in ("recency", "decay") else int(v) for k, v in opts.items()},
                                    tree=tree)
     if low in SUFFIX_NAMES:
-        from .suffix import SuffixDrafter
+        from .suffix_tree import SuffixTreeDrafter
 
         args = {key: opts.pop(key) for key in SUFFIX_KEYS if key in opts}
         _no_more(base, opts)
+        if "max_depth" in args:
+            args["depth"] = args.pop("max_depth")
         try:
-            return SuffixDrafter(**{key: SUFFIX_KEYS[key](v) for key, v in args.items()})
+            return SuffixTreeDrafter(**{key: SUFFIX_KEYS[key](v) for key, v in args.items()})
         except ValueError as e:
             raise SpeclabError(f"drafter 'suffix': bad option value ({e})") from None
+    if low in MATCH_NAMES:
+        from .suffix import SuffixDrafter
+
+        args = {k: float(v) if k == "factor" else int(v) for k, v in opts.items()
+                if k in ("max_depth", "factor", "min_match")}
+        _no_more(base, {k: v for k, v in opts.items() if k not in args})
+        return SuffixDrafter(**args)
+    if low in HYBRID_NAMES:
+        from .heads import EagleDrafter, load_head
+        from .hybrid import HybridDrafter
+
+        min_match = int(opts.pop("min_match", 3))
+        head = opts.pop("head", None) or "eagle"
+        _no_more(base, opts)
+        module, cfg = load_head(head, target)
+        if cfg.kind != "eagle":
+            raise SpeclabError(f"head '{head}' is a {cfg.kind} head, not eagle")
+        return HybridDrafter(EagleDrafter(target, module, cfg, TreeShape(), name="eagle"), min_match=min_match)
     if low.startswith("synthetic"):
         from .synthetic import SyntheticDrafter
 
@@ -127,6 +153,14 @@ def make_drafter(spec: str | None, target, load=load_model, **kw):
         return cls(target, module, cfg, tree, name=low)
     tree = _tree(opts)
     _no_more(base, opts)
+    from .speculators import is_speculators_dir
+
+    if is_speculators_dir(base):  # an EAGLE-3 head in the speculators format (vLLM's, SGLang's)
+        from .heads import EagleDrafter
+        from .speculators import load_speculators
+
+        module, cfg = load_speculators(base, target)
+        return EagleDrafter(target, module, cfg, tree, name="eagle3")
     draft = load(base, device=target.device, dtype=target.dtype, role="draft")
     check_same_tokenizer(target, draft)
     return ModelDrafter(draft, target.vocab_size, tree)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import FIXED_POINT_SCALE, fixed_point_weights, sample_from_probs, sample_from_weights
+from .sampling import FIXED_POINT_SCALE, fixed_point_weights, logits_to_probs, sample_from_probs, sample_from_weights
 
 RESIDUAL_EPS = 1e-9
 # the same threshold on a residual's fixed-point mass (its integer sum: exact, as the fused kernel takes it)
@@ -121,8 +121,6 @@ def accept_rows(
     for the sampled ones, results merged back in row order. Returns the result and the target's
     probabilities (the sampling distributions; temperature 1 for greedy rows), when sampled rows need
     them or ``want_probs``."""
-    from .sampling import logits_to_probs
-
     if params.all_greedy:
         res = greedy_accept(draft_tokens, target_logits.argmax(-1), num_draft)
         return res, (target_logits.float().softmax(-1) if want_probs else None)
@@ -301,3 +299,35 @@ def tree_rejection_sample(
         rejected_here = (rejected_here & ~accept) | reject
     next_token = sample_from_probs(dist, uniform_next)  # (n,)
     return TreeAcceptResult(path[:, :N], num, next_token, ~rejected_here)
+
+
+def fused_rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next,
+                           block_v: int | None = None) -> AcceptResult:
+    """:func:`rejection_sample`'s contract run by the fused Triton kernel (``kernels/rejection.py``); the reference
+    itself where the kernel cannot run (no Triton, or a CPU tensor without ``TRITON_INTERPRET=1``)."""
+    kernel = _kernel_module()
+    if kernel is None or not kernel.triton_available(target_probs.device):
+        return rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next)
+    n, tok = kernel.rejection_counts(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept,
+                                     uniform_next, RESIDUAL_EPS_FIXED, block_v)
+    return AcceptResult(n, tok, n == num_draft)
+
+
+def rejection_impl(device: torch.device):
+    """The acceptance rule a decoder on ``device`` runs: the fused kernel on CUDA when Triton is installed, else
+    the pure PyTorch reference."""
+    if device.type == "cuda":
+        kernel = _kernel_module()
+        if kernel is not None and kernel.triton_available(device):
+            return fused_rejection_sample
+    return rejection_sample
+
+
+def _kernel_module():
+    """``speclab.kernels.rejection``, or None when it cannot load. Imported when first asked for: the module imports
+    Triton where it is installed, a cost a CPU run never needs to pay."""
+    try:
+        from ..kernels import rejection
+    except ImportError:
+        return None
+    return rejection

@@ -1,6 +1,11 @@
 """Step costs measured online: how the target's forward time grows with rows x tokens, what a round's
 draft phase costs, and the per-round host work around the forwards. The scheduler feeds every round
-it times; policies read predictions (:meth:`OnlineCosts.round_time`).
+it times (:mod:`.cost_sampler`); policies read predictions (:meth:`OnlineCosts.round_time`).
+
+The cost of a round has one home, :func:`round_time`: a draft phase, one target forward over the verify block, and
+the host work around them. The live policies weigh with it, and so do the user-facing cost model
+(:mod:`speclab.analysis.costmodel`, over the roofline's or timed step costs) and the synthetic benchmark's
+prediction from a round's parts (:mod:`speclab.analysis.round_plan`).
 
 Tables, all in seconds:
 
@@ -48,12 +53,44 @@ import time
 from bisect import bisect_left, insort
 from collections import deque
 
+import torch
+
+from .drafting import DraftContext
+from .sampling import RowParams, SamplingParams
+
+
+def round_time(costs, rows: int, k: int, *, verify_tokens: int | None = None, draft_steps: int | None = None,
+               overhead: float | None = None) -> float | None:
+    """Seconds of one round of ``rows`` rows drafting k tokens: ``draft_steps`` (default k) draft steps, one target
+    forward over ``verify_tokens`` (default k + 1; a tree verifies more) tokens per row, and ``overhead``, the host
+    work per round outside the forwards (default: what ``costs`` measured for such a round, else 0). k = 0 is a plain
+    decode step: one target forward of one token a row.
+
+    ``costs`` is any source of step costs with ``target_time(rows, tokens)`` and either ``draft_total(rows, steps)``
+    (a whole draft phase, as :class:`OnlineCosts` measures it) or ``draft_time(rows)`` (seconds per draft step, as
+    the roofline and timed forwards give it). None when a part is not known yet."""
+    steps = 0 if k == 0 else (k if draft_steps is None else draft_steps)
+    t = costs.target_time(rows, 1 if k == 0 else (verify_tokens or k + 1))
+    if steps == 0:
+        d = 0.0
+    elif hasattr(costs, "draft_total"):
+        d = costs.draft_total(rows, steps)
+    else:
+        d = steps * costs.draft_time(rows)
+    if t is None or d is None:
+        return None
+    if overhead is None:
+        measured = getattr(costs, "overhead_time", None)
+        overhead = measured(rows, k > 0) if measured is not None else 0.0
+    return d + t + overhead
+
+
 _CALIBRATIONS: dict[tuple, tuple[dict, dict, float]] = {}  # (models, grid) -> (target, draft per step, seconds)
 
 
-# Calibration at start-up: the fastest of 5 runs of each shape. A run preempted by another process only gets slower;
-# with three other servers calibrating on this 2-core machine, medians of 3 read one row's k = 2 round as 6.3 ms and
-# k = 3 as 3.0 ms (1.6 and 2.3 ms alone), and a served goodput that believed them never drafted on JSON.
+# Calibration at start-up: the fastest of 5 runs of each shape. A run preempted by another process only gets slower,
+# so the fastest is the run nearest the shape's own cost; a median of a few runs can take a preempted one, misprice
+# one draft length against the others, and keep a cost-weighing policy from drafting where it pays.
 ROBUST_STAT, ROBUST_REPS = "min", 5
 PLAIN_SAMPLES = 3  # plain steps timed online at a load level before a policy trusts its plain estimate there
 STALE = 24  # samples of a kind at a row count after which a shape of that kind not sampled since is forgotten
@@ -64,12 +101,10 @@ def calibration_clock(device, threads: int):
     (``time.thread_time``), which another process taking the core cannot stretch; else the wall clock (a GPU's work
     and other torch threads' do not show in the calling thread's CPU time).
 
-    The fastest of 5 wall-clock runs was not enough on this 2-core machine with four servers calibrating at once:
-    in 7 of 8 processes some widths of one row's verify read 7-8 ms (2.2-2.3 ms alone) while others read 2.3-3.3 ms,
-    so drafting k = 3-4 looked 2.5x dearer against a plain step than it is. By thread CPU time, every width read
-    1.6-1.8x its time alone: the machine was slower for all of them alike. A uniform factor is what the online
-    samples correct (each load level's shapes are rescaled by the online / calibrated ratio of their kind, or of the
-    other kind until theirs is measured: ``_scale_of``), so the ratios a policy weighs stay right."""
+    On a machine shared with other busy processes, even the fastest of several wall-clock runs can stretch some widths
+    and not others, which skews the ratios a policy weighs. Thread CPU time slows every width alike when the machine
+    is slower, and a uniform factor is what the online samples correct (each load level's shapes are rescaled by the
+    online / calibrated ratio of their kind, or of the other kind until theirs is measured: ``_scale_of``)."""
     return time.thread_time if device.type == "cpu" and threads == 1 else time.perf_counter
 
 
@@ -184,8 +219,7 @@ class OnlineCosts:
     def __init__(self, window: int = 9):
         self.window = window
         # online / calibrated, for shapes only calibrated: table -> (load level, one token or step?) -> median of the
-        # recent ratios (a plain step and a verify block drift from their calibration apart: at 64 rows verify blocks
-        # ran 1.37x theirs while plain steps ran at theirs)
+        # recent ratios (a plain step and a verify block drift from their calibration apart, most at many rows)
         self._scales: dict[str, dict[tuple[int, bool], float]] = {"target": {}, "draft": {}}
         self._target = _Grid(self._scale_of("target"))  # (n, T) -> s
         self._draft = _Grid(self._scale_of("draft"), below_proportional=True)  # (n, steps) -> s for a draft phase
@@ -251,9 +285,8 @@ class OnlineCosts:
         cal = grid.cal.get((n, T))
         # a calibrated shape counts as two samples, at the online/calibrated scale the other samples set (taken before
         # this one's ratio joins it): the first one or two online samples, maybe taken in a burst of load or on cold
-        # caches, cannot alone become the estimate. Scaled after, the first sample at a level set its own prior (one
-        # verify of 3 tokens on cold caches, 3.2x its calibration, became the estimate, and a cost gate at one row
-        # priced every draft length at it and never drafted on JSON)
+        # caches, cannot alone become the estimate. Scaled after, the first sample at a level would set its own prior,
+        # and one slow verify on cold caches would price every draft length at a level
         prior = [cal * grid.scale_of(n, T)] * 2 if cal else []
         if cal:  # online vs calibrated at the same shape: rescale this load level's shapes of its kind only calibrated
             key = (row_level(n), T == 1)
@@ -273,10 +306,9 @@ class OnlineCosts:
         """Forget the online samples of each calibrated shape of T's kind at n rows that :data:`STALE` samples of that
         kind at n rows have passed by: it falls back to its calibration at the load level's current online /
         calibrated scale, which follows the machine's drift, until it is timed again. A policy times only the draft
-        lengths it chooses, and a length it stopped choosing kept the price it had then: a served goodput at one
-        row chose k = 3 when a slow spell priced k = 4 rounds high, then k = 2 when k = 3's read slow in turn, and after
-        the spell it stayed at k = 1-3 for the rest of the run (0.90x the fixed k = 4 it had matched). With a spell
-        injected into k = 4's verifies, goodput now returns to k = 4 after it; without one, it reads the same."""
+        lengths it chooses, and a length it stopped choosing would keep the price it had then: a slow spell that
+        priced the best k high would leave the policy on shorter drafts for the rest of the run. Expiring the stale
+        samples lets it return to that k once the spell has passed."""
         at = self._at.setdefault((name, n, T == 1), {})
         count = at[T] = max(at.values(), default=0) + 1
         for t in [t for t, c in at.items() if count - c >= STALE and (n, t) in grid.cal]:
@@ -357,12 +389,9 @@ class OnlineCosts:
 
     def round_time(self, n: int, k: int) -> float | None:
         """Expected seconds of a round of n rows drafting k tokens (k = 0: a plain decode step):
-        the draft phase of k steps + a target forward over k + 1 tokens + the per-round overhead."""
-        t = self.target_time(n, k + 1)
-        d = self.draft_total(n, k) if k > 0 else 0.0
-        if t is None or d is None:
-            return None
-        return d + t + self.overhead_time(n, k > 0)
+        the draft phase of k steps + a target forward over k + 1 tokens + the per-round overhead
+        (:func:`round_time`)."""
+        return round_time(self, n, k)
 
     def coverage(self, n: int) -> tuple[bool, bool, bool]:
         """(plain step, some verify width, draft) measured or calibrated at a row count within 2x of n:
@@ -462,12 +491,10 @@ def time_shapes(lm, rows, tokens, context: int, reps: int, vocab: int | None = N
     count; every call writes the same slots. One-token forwards (plain decode steps) are timed one after another, as
     plain decoding runs them, and the wider ones round-robin among themselves: on the CPU a one-row step reads the
     other layout of the weights (see ``FEW_ROWS`` in ``speclab.models.native_llama``), so a step timed right after a
-    wider forward runs with those weights cold. Timed round-robin with the verify widths, one row's plain step read
-    2.3 ms against 1.9 ms for a forward of two tokens, where plain decoding took 1.8-1.9 ms a step and the scheduler
-    timed its forward at 1.6 ms. ``plain_apart=False``: every width round-robin (``bench --synthetic``, whose cost
+    wider forward runs with those weights cold (timed round-robin with the verify widths, a plain step reads slower
+    than a forward of two tokens, and slower than plain decoding runs it).
+    ``plain_apart=False``: every width round-robin (``speclab bench synthetic``, whose cost
     model is validated with forwards timed that way)."""
-    import torch
-
     reduce = _reduce(stat)
     dev = lm.device
     V = min(lm.vocab_size, vocab or lm.vocab_size)
@@ -508,15 +535,7 @@ def time_draft_phases(drafter, rows, max_steps: int, context: int, reps: int, vo
     a rejection), half on two (after a round whose drafts were all accepted: the bonus token). Runs on a shallow copy
     of ``drafter`` (its own cache; the weights shared), so a drafter in use keeps its state. One warm-up pass, then
     ``reps`` passes round-robin. ``stat`` "min": the mean of the two catch-ups' fastest runs."""
-    import copy
-
-    import torch
-
-    from ..drafters.base import DraftContext
-
     reduce = _reduce(stat)
-    from .sampling import RowParams, SamplingParams
-
     d = copy.copy(drafter)
     dev = drafter.lm.device
     out = {}

@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 from ..errors import SpeclabError
 from ..events import Event, HookRegistry, RunFinished, RunStarted
 from ..limits import check_batch, check_k, check_max_new_tokens, check_sampling, check_seed
+from ..metrics import Recorder
 from .costs import OnlineCosts
 from .policies import make_policy
 from .request import Request
@@ -57,8 +58,6 @@ class SpeculativeDecoder:
         row, reported in ``seeds``). ``policy`` chooses each round's draft length (default: fixed ``k``;
         a name or a Policy, whose largest k is ``k``). ``record`` subscribes a metrics recorder for this
         run; ``record=False`` runs with no subscriber of its own (the fast path; benchmarks measure both)."""
-        from ..metrics import Recorder
-
         rec = Recorder(self.target) if record else None
         unsub = self.hooks.subscribe(rec) if rec else None
         try:

@@ -1,5 +1,5 @@
 """Turning one row's round into the records the events carry (kept out of the decode loop, which
-then reads top to bottom).
+then reads top to bottom; built only when some subscriber listens).
 
 Worked example. A row has generated g0 = 10 tokens; it drafts d = [a, b, c] (k = 3); the target
 accepts n = 1 (a), rejects b, and puts its own token x where b was. Emitted: [a, x]. Display order
@@ -16,7 +16,10 @@ An EOS or the budget inside an accepted run cuts ``new``: records past the cut a
 
 from __future__ import annotations
 
+import torch
+
 from ..events import RowRound, TokenRecord
+from .tree_verify import node_target_probs
 
 
 def row_round(row: int, g0: int, drafts: list[int], n_acc: int, new: list[int], bonus: bool,
@@ -72,3 +75,48 @@ def tree_row_round(row: int, g0: int, tokens: list[int], parents: list[int], pat
             "draft_probs": list(dp), "target_probs": list(tp), "next_token": new[na] if len(new) > na else None,
             "next_status": recs[-1].status if len(new) > na else None}
     return RowRound(row, nd, na, recs, reason is not None, reason, request_id, k, k_reason, tree=tree)
+
+
+def _shown_probs(drafts, verdict, want_probs: bool):
+    """Per row, the probabilities shown with its tokens (each None when no subscriber reads them): the draft's and
+    the target's for every verified draft, and the target's for its own next token."""
+    if not want_probs:
+        return None, None, None
+    res, tprobs, tokens = verdict.result, verdict.target_probs, drafts.tokens
+    n, kk = tokens.shape
+    r_idx = torch.arange(n, device=tokens.device)
+    if drafts.tree:
+        tp = node_target_probs(tprobs, tokens, drafts.tree[0])  # (n, kk)
+        pathx = torch.cat([res.path, res.path.new_full((n, 1), -1)], 1)  # (n, kk+1): kk may be 0
+        end = pathx.gather(1, (res.num_accepted - 1).clamp(min=0)[:, None]).squeeze(1)  # (n,) last node
+        last = torch.where(res.num_accepted > 0, end + 1, 0)  # (n,) block index the next token was read at
+    else:
+        tp = tprobs[:, :kk].gather(2, tokens.clamp(min=0)[..., None]).squeeze(-1)  # (n, kk)
+        last = res.num_accepted
+    prop = drafts.proposal
+    dp = prop.token_probs.tolist() if prop is not None and prop.token_probs is not None else None
+    return dp, tp.tolist(), tprobs[r_idx, last, res.next_token].tolist()
+
+
+def row_events(rows, drafts, verdict, news, ks: list[int], why: list[str], want_probs: bool) -> list[RowRound]:
+    """Every row's record of a round. ``drafts`` / ``verdict`` as the round made them (speclab.engine.round),
+    ``news`` per row: (tokens generated before the round, the tokens it kept, why it ended or None)."""
+    res = verdict.result
+    d_h, bonus_h, n_h = drafts.tokens.tolist(), res.is_bonus.tolist(), res.num_accepted.tolist()
+    nd_h = drafts.num_draft.tolist()
+    dp_h, tp_h, tpn_h = _shown_probs(drafts, verdict, want_probs)
+    if drafts.tree:
+        par_h, path_h = drafts.tree[0].tolist(), res.path.tolist()
+    out = []
+    for b, r in enumerate(rows):
+        na, nd = n_h[b], nd_h[b]
+        g0, new, reason = news[b]
+        dp, tp = (dp_h[b][:nd] if dp_h else None), (tp_h[b][:nd] if tp_h else None)
+        tpn = tpn_h[b] if tpn_h else None
+        if drafts.tree:
+            out.append(tree_row_round(r.row, g0, d_h[b][:nd], par_h[b][:nd], path_h[b][:na], new, bonus_h[b], dp, tp,
+                                      tpn, reason, r.request_id, ks[b], why[b]))
+        else:
+            out.append(row_round(r.row, g0, d_h[b][:nd], na, new, bonus_h[b], dp, tp, tpn, reason, r.request_id,
+                                 ks[b], why[b]))
+    return out

@@ -11,11 +11,51 @@ token), so slots 12.. are stale and are overwritten by the next block.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from ..drafters.trees import check_tree, tree_layout
+from ..errors import SpeclabError
 from .acceptance import TreeAcceptResult, tree_greedy_accept, tree_rejection_sample
 from .sampling import logits_to_probs
+
+
+def tree_layout(parents: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depths and the ancestor mask of the verify block [root, node 0 .. node N-1] (pure).
+
+    parents (n, N) parent node index (-1 = root), valid (n, N) bool (padding nodes: False).
+    Returns depth (n, N+1) int64 (root 0; padding nodes get their parent's depth + 1, harmless: no real
+    query sees them) and mask (n, N+1, N+1) bool: mask[b, t, s] = block token s is t or an ancestor of t.
+
+    e.g. parents [-1, -1, 0]: block [r, a, b, c], c under a:
+         depth [0, 1, 1, 2]; c (t=3) sees r, a and itself, not its uncle b.
+    """
+    n, N = parents.shape
+    # a loop over the nodes on the host (N is small; one copy in, one out, instead of ~5 kernels per node)
+    par = (parents + 1).clamp(min=0).cpu().numpy()  # (n, N) the parent's block index (root = 0)
+    ok = np.concatenate([np.ones((n, 1), dtype=bool), valid.cpu().numpy()], 1)  # (n, N+1)
+    depth = np.zeros((n, N + 1), dtype=np.int64)
+    mask = np.zeros((n, N + 1, N + 1), dtype=bool)
+    mask[:, 0, 0] = True
+    rows = np.arange(n)
+    for i in range(N):  # parents come first: node i's parent row of the mask is complete
+        pb = par[:, i]
+        depth[:, i + 1] = depth[rows, pb] + 1
+        mask[:, i + 1] = mask[rows, pb]
+        mask[:, i + 1, i + 1] = True
+    mask &= ok[:, None, :]
+    mask[:, np.arange(N + 1), np.arange(N + 1)] = True  # every token sees itself (padding too)
+    dev = parents.device
+    return torch.from_numpy(depth).to(dev), torch.from_numpy(mask).to(dev)
+
+
+def check_tree(parents: torch.Tensor, lengths: torch.Tensor) -> None:
+    """Parents must come before their children (-1 or an index < the node's), within the row's nodes."""
+    n, N = parents.shape
+    idx = torch.arange(N, device=parents.device)[None]
+    real = idx < lengths[:, None]
+    bad = real & ((parents >= idx) | (parents < -1))
+    if bool(bad.any()):
+        raise SpeclabError("a tree proposal's parents must come before their children")
 
 
 def tree_inputs(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor):

@@ -5,7 +5,7 @@ Registry API (stable, used by the engine):
 
 * ``FAMILY_DIR``: directory holding ``family.json`` and ``models/<name>/``;
 * ``DEFAULT_TARGET`` / ``DEFAULT_DRAFT``: the names the engine uses when none is given (the default
-  draft is the one that pays on a CPU: the cheapest distilled draft, chosen by ``speclab bench --compare``);
+  draft is the one that pays on a CPU: the cheapest distilled draft, chosen by ``speclab bench compare``);
 * ``BEST_DRAFT``: the draft with the highest acceptance (the acceptance report's design goals use it);
 * ``list_models()``: one dict per shipped model (name, role, parameters, tokenizer, path, ...);
 * ``resolve(name)``: the directory of a shipped model, or ``None``.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import uuid
 from pathlib import Path
 
 from ..errors import SpeclabError
@@ -51,7 +52,8 @@ def cmd_load(args) -> int:
     spec = LoadSpec(levels=levels, prompts=load_prompts(args.workload, args.prompts_file),
                     num_requests=args.num_requests, duration=args.duration, seed=args.seed,
                     slos=parse_goodput(args.goodput), warmup=args.warmup, tokenizer=args.tokenizer, quiet=args.quiet,
-                    loop=args.loop, length_spread=check_spread(args.length_spread))
+                    loop=args.loop, length_spread=check_spread(args.length_spread),
+                    fresh=uuid.uuid4().hex if args.prompt_mode == "fresh" else None)
     result = run(endpoint, spec)
     print(format_result(result))
     if args.json:
@@ -79,6 +81,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--workload", default="all", help="bundled workloads: 'all', a name or a comma list")
     p.add_argument("--prompts-file", default=None, metavar="PATH",
                    help="prompts from a JSONL file (speclab workload format or Spec-Bench/MT-Bench question.jsonl)")
+    p.add_argument("--prompt-mode", choices=("repeat", "fresh"), default="repeat",
+                   help="repeat (default): the workload's prompts, again and again; fresh: each request's prompt made "
+                        "unique (a nonce in front), so no server's prefix cache can reuse any of it")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--length-spread", type=float, default=0.0, metavar="S",
                    help="each request's max_tokens drawn uniformly from max-tokens x [1 - S, 1 + S], the same for "

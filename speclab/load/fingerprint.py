@@ -36,7 +36,7 @@ The rule (constants below):
    the *per-token pace*, the median over multi-token bursts of gap / tokens, over the median one-token
    gap. Late delivery conserves the pace (each token of a late burst still waited one step: about 1);
    a round that drafts pays off only when it brings its tokens faster than plain steps (below 1).
-   Measured on speclab serve with adaptive policies mixing rounds (2026-12-01): 0.52-0.80 where the
+   On speclab serve with adaptive policies mixing rounds: 0.52-0.80 where the
    first two called them late.
 4. The client's own stalls: :mod:`.runner` records when this client's event loop woke up late (the
    process was descheduled or busy). Data that arrived meanwhile is read, and stamped, all at once

@@ -65,6 +65,11 @@ def format_result(result: dict) -> str:
             lines.append(f"{lv['level']['label']}: server acceptance rate {num(spec['acceptance_rate'], '.3f')}, "
                          f"mean acceptance length {num(spec['mean_acceptance_length'], '.2f')} "
                          f"(outside estimate {num((cmp_ or {}).get('outside_estimate'), '.2f')}), per position [{ppa}]")
+            for w, ws in (server.get("spec_decode_by_workload") or {}).items():
+                ppa = ", ".join(f"{x:.2f}" for x in ws["per_position_acceptance"] or [])
+                lines.append(f"  {w:<16} acceptance rate {num(ws['acceptance_rate'], '.3f')}, mean acceptance "
+                             f"length {num(ws['mean_acceptance_length'], '.2f')}, {ws['drafts']:.0f} drafts, "
+                             f"per position [{ppa}]")
         elif server.get("sglang"):
             sg = server["sglang"]
             lines.append(f"{lv['level']['label']}: SGLang accept length {num(sg.get('accept_length'), '.2f')}, "

@@ -22,7 +22,7 @@ from ..errors import SpeclabError
 from ..optional import require_package
 from . import fingerprint, scrape, stats
 from .client import Endpoint, RequestRecord, send
-from .prompts import request_order
+from .prompts import FreshOrder, request_order
 from .shapes import Budgets, LoadLevel, arrival_times, default_num_requests
 from .tokens import count_tokens, guess_tokenizer, load_tokenizer
 
@@ -54,6 +54,7 @@ class LoadSpec:
     deadline: float | None = None  # hard limit per level, seconds (default: duration + timeout with a duration)
     loop: str = "auto"  # the client's event loop: auto (uvloop when installed), uvloop or asyncio
     length_spread: float = 0.0  # each request's max_tokens drawn from the endpoint's x [1 - s, 1 + s] (shapes.Budgets)
+    fresh: str | None = None  # a salt: every request's prompt made unique (prompts.FreshOrder), no prefix cache helps
 
 
 async def _closed_loop(client, endpoint, level, order, n, duration, deadline, bar, start,
@@ -165,8 +166,9 @@ async def run_async(endpoint: Endpoint, spec: LoadSpec) -> dict:
         if tokenizer is None:
             notes.append("no tokenizer (give --tokenizer): per-chunk token counts come only from the server, "
                          "and the fingerprint falls back to usage totals and chunk times")
+        warm = FreshOrder(order, f"{spec.fresh}/warmup") if spec.fresh is not None else order
         for i in range(spec.warmup):  # the first requests of a process pay for lazy initialisation
-            await send(client, endpoint, order[i % len(order)].prompt, RequestRecord(-1))
+            await send(client, endpoint, warm[i % len(warm)].prompt, RequestRecord(-1))
         levels_out = []
         for level in spec.levels:
             n = spec.num_requests
@@ -180,16 +182,17 @@ async def run_async(endpoint: Endpoint, spec: LoadSpec) -> dict:
             budgets = (Budgets(endpoint.max_tokens, spec.length_spread, f"{spec.seed}-{level.label}")
                        if spec.length_spread else None)
             total = n if n is not None else None
+            sent = FreshOrder(order, f"{spec.fresh}/{level.label}") if spec.fresh is not None else order
             lag: list[float] = []
             stalls: list[tuple[float, float]] = []
             with tqdm(total=total, desc=level.label, unit="req", disable=spec.quiet, leave=False) as bar:
                 t0 = time.perf_counter()
                 monitor = asyncio.create_task(_loop_lag(lag, stalls, t0))
                 if level.kind == "concurrency":
-                    records = await _closed_loop(client, endpoint, level, order, n if n is not None else math.inf,
+                    records = await _closed_loop(client, endpoint, level, sent, n if n is not None else math.inf,
                                                  spec.duration, deadline, bar, t0, budgets)
                 else:
-                    records = await _open_loop(client, endpoint, level, order, n, spec.duration, spec.seed,
+                    records = await _open_loop(client, endpoint, level, sent, n, spec.duration, spec.seed,
                                                deadline, bar, t0, budgets)
                 wall = time.perf_counter() - t0
             monitor.cancel()
@@ -209,6 +212,7 @@ async def run_async(endpoint: Endpoint, spec: LoadSpec) -> dict:
                 "latency_vs_server": scrape.latency_agreement(summary, server, fp) if after is not None else None,
                 "client_stalls": [[round(a, 6), round(b, 6)] for a, b in stalls],
                 "requests": request_dicts,
+                **({"fresh_prompts": sent.sent} if spec.fresh is not None else {}),
             })
     v = fingerprint.verdict([(lv["level"]["label"], lv["level"]["value"], lv["fingerprint"]) for lv in levels_out])
     return {
@@ -218,6 +222,7 @@ async def run_async(endpoint: Endpoint, spec: LoadSpec) -> dict:
         "temperature": endpoint.temperature, "timeout_s": endpoint.timeout,
         "tokenizer": getattr(tokenizer, "name_or_path", None), "seed": spec.seed,
         "num_requests": spec.num_requests, "duration_s": spec.duration, "notes": notes,
+        "prompt_mode": "repeat" if spec.fresh is None else "fresh",
         "levels": levels_out, "verdict": v,
     }
 

@@ -11,6 +11,10 @@ and rates are derived here from the differences over the window, as vLLM's own d
 SGLang exports gauges instead (``sglang:spec_accept_length``, ``sglang:spec_accept_rate``): current
 values, not counters, so a window cannot be formed; the value after the run is reported as such.
 
+speclab serve also exports the same counters per workload tag (``speclab:workload_spec_decode_*{workload=...}``,
+each request tagged by its ``X-Workload`` header, which ``speclab load`` sets to the prompt's workload): the same
+rates per workload over the window (``spec_decode_by_workload``).
+
 Latency histograms with vLLM's names (``vllm:time_to_first_token_seconds``, ``..inter_token_latency..``,
 ``..e2e_request_latency..``, ``..request_time_per_output_token..``) give the server's own means over the
 window (sum and count differences), to set beside the client's. Samples with several label sets (model,
@@ -31,6 +35,11 @@ PREFIX = {"queries": "vllm:prefix_cache_queries", "hits": "vllm:prefix_cache_hit
 HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
               "e2e": "vllm:e2e_request_latency_seconds", "tpot": "vllm:request_time_per_output_token_seconds",
               "read_delay": "speclab:request_read_delay_seconds"}  # (speclab serve's only: its loop's wait for a CPU)
+BY_WORKLOAD = {"drafts": "speclab:workload_spec_decode_num_drafts",
+               "draft_tokens": "speclab:workload_spec_decode_num_draft_tokens",
+               "accepted_tokens": "speclab:workload_spec_decode_num_accepted_tokens",
+               "accepted_per_pos": "speclab:workload_spec_decode_num_accepted_tokens_per_pos",
+               "requests": "speclab:workload_requests"}
 SGLANG = {"accept_length": "sglang:spec_accept_length", "accept_rate": "sglang:spec_accept_rate"}
 
 
@@ -47,7 +56,7 @@ def parse(text: str) -> dict:
                 continue
             if name.endswith("_total"):
                 name = name[: -len("_total")]
-            key = frozenset((k, v) for k, v in s.labels.items() if k in ("position", "le"))
+            key = frozenset((k, v) for k, v in s.labels.items() if k in ("position", "le", "workload"))
             d = out.setdefault(name, {})
             d[key] = d.get(key, 0.0) + float(s.value)
     return out
@@ -67,10 +76,54 @@ def _per_position(samples: dict) -> dict[int, float]:
     return out
 
 
+def _labelled(samples: dict, name: str, label: str) -> dict[str, float]:
+    """{value of ``label``: the samples' sum} for ``name``."""
+    out: dict[str, float] = {}
+    for key, v in (samples.get(name) or {}).items():
+        lab = dict(key).get(label)
+        if lab is not None:
+            out[lab] = out.get(lab, 0.0) + v
+    return out
+
+
+def _rates(drafts: float, draft_tokens: float, accepted: float, per_pos: list[float]) -> dict:
+    return {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+            "accepted_per_position": per_pos, "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+            "mean_acceptance_length": 1.0 + accepted / drafts if drafts else None,
+            "per_position_acceptance": [a / drafts for a in per_pos] if drafts else None}
+
+
+def by_workload(before: dict, after: dict) -> dict | None:
+    """Spec-decode counters and rates per workload tag over the window (speclab serve's ``speclab:workload_*``);
+    None when the server exports none. Tags with no draft in the window are left out."""
+    if BY_WORKLOAD["drafts"] not in after:
+        return None
+
+    def delta(name: str) -> dict[str, float]:
+        a, b = _labelled(after, name, "workload"), _labelled(before, name, "workload")
+        return {w: v - b.get(w, 0.0) for w, v in a.items()}
+
+    drafts, dt, acc = (delta(BY_WORKLOAD[k]) for k in ("drafts", "draft_tokens", "accepted_tokens"))
+    out = {}
+    for w in sorted(drafts):
+        if not drafts[w]:
+            continue
+        pos_a = {}
+        for key, v in (after.get(BY_WORKLOAD["accepted_per_pos"]) or {}).items():
+            d = dict(key)
+            if d.get("workload") == w:
+                p = int(d["position"])
+                pos_a[p] = pos_a.get(p, 0.0) + v - (before.get(BY_WORKLOAD["accepted_per_pos"]) or {}).get(key, 0.0)
+        per_pos = [pos_a.get(i, 0.0) for i in range(max(pos_a) + 1)] if pos_a else []
+        out[w] = _rates(drafts[w], dt.get(w, 0.0), acc.get(w, 0.0), per_pos)
+    return out
+
+
 def window(before: dict | None, after: dict) -> dict:
     """What the server reports for the window between two parsed scrapes (``before`` None: since start).
 
-    Returns {"spec_decode": counters and derived rates or None, "sglang": gauges or None,
+    Returns {"spec_decode": counters and derived rates or None, "spec_decode_by_workload": {tag: the same} or
+    None (with spec_decode only), "sglang": gauges or None,
     "generation_tokens", "prefix_cache": {queries, hits, hit_rate} in prompt tokens or None,
     "server_latency_ms": {ttft, itl, e2e, tpot, read_delay (where exported): window means} }."""
     before = before or {}
@@ -79,8 +132,8 @@ def window(before: dict | None, after: dict) -> dict:
         a = _value(after, name)
         return None if a is None else a - (_value(before, name) or 0.0)
 
-    out: dict = {"spec_decode": None, "sglang": None, "generation_tokens": delta(GENERATION_TOKENS),
-                 "prefix_cache": None, "server_latency_ms": {}}
+    out: dict = {"spec_decode": None, "spec_decode_by_workload": None, "sglang": None,
+                 "generation_tokens": delta(GENERATION_TOKENS), "prefix_cache": None, "server_latency_ms": {}}
     pq, ph = delta(PREFIX["queries"]), delta(PREFIX["hits"])
     if pq is not None and ph is not None:
         out["prefix_cache"] = {"queries": pq, "hits": ph, "hit_rate": ph / pq if pq else None}
@@ -88,13 +141,8 @@ def window(before: dict | None, after: dict) -> dict:
     if all(v is not None for v in counts.values()):
         pa, pb = _per_position(after), _per_position(before)
         per_pos = [pa[i] - pb.get(i, 0.0) for i in sorted(pa)]
-        drafts, dt, acc = counts["drafts"], counts["draft_tokens"], counts["accepted_tokens"]
-        out["spec_decode"] = {
-            "drafts": drafts, "draft_tokens": dt, "accepted_tokens": acc, "accepted_per_position": per_pos,
-            "acceptance_rate": acc / dt if dt else None,
-            "mean_acceptance_length": 1.0 + acc / drafts if drafts else None,
-            "per_position_acceptance": [a / drafts for a in per_pos] if drafts else None,
-        }
+        out["spec_decode"] = _rates(counts["drafts"], counts["draft_tokens"], counts["accepted_tokens"], per_pos)
+        out["spec_decode_by_workload"] = by_workload(before, after)
     sg = {k: _value(after, v) for k, v in SGLANG.items()}
     if any(v is not None for v in sg.values()):
         out["sglang"] = dict(sg, note="gauges: the server's current value after the run, not a window")

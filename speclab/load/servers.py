@@ -1,9 +1,9 @@
 """Servers to measure, started as child processes: ``speclab serve`` and vLLM's OpenAI server from its own
-virtual environment (see docs/vllm.md). Each runs in its own session and is stopped as a process group
+virtual environment (see docs/vllm.md). Each runs in a process group of its own and is stopped as a group
 (SIGTERM, then SIGKILL), so nothing is left behind, also when the caller fails or is interrupted (the CLI turns a
 SIGTERM into an exception that unwinds to these stops: :func:`speclab.cli.exit_cleanly_on_sigterm`).
 
-Used by ``speclab bench --serve`` and the load tests."""
+Used by ``speclab bench serve`` and the load tests."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from positions, never from slot indices::
 
 so padding, a ragged batch's gaps and rolled-back slots are invisible, and a sliding window counts
 positions (HF's own masks count slots, which is what broke windows under speculation). Models that
-mix sliding and full layers (``config.layer_types``: Qwen2, Gemma-2) get one mask per layer type.
+mix sliding and full layers (``config.layer_types``: Qwen2/3, Gemma-2/3) get one mask per layer type.
 :meth:`HFKVCache.commit` then compacts each row: the slots it keeps move down to slot = position and
 the cache is cropped to the longest row, so a row holds at most its context plus one round's block.
 
@@ -32,8 +32,8 @@ import torch
 from ..errors import SpeclabError
 from .native_llama import StepOut
 
-# Exactly the model types tests/test_architectures.py checks on this backend (greedy == HF generate).
-TESTED_MODEL_TYPES = ("llama", "gpt2", "qwen2", "mistral", "phi3", "gemma2")
+# Exactly the model types tests/test_architectures.py checks on this backend (greedy == a cache-free loop).
+TESTED_MODEL_TYPES = ("llama", "gpt2", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
 # Attention layer types whose cache is a plain list of (key, value) per position.
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 # Config keys that betray a recurrent state (Mamba, RWKV, RecurrentGemma, Jamba, Falcon-H1, ...).
@@ -148,7 +148,7 @@ class HFKVCache:
         if self.window is None:
             return full
         windowed = self._additive(causal & (q - sp < self.window))[:, None]  # (n, 1, T, S)
-        if self.layer_types:  # one mask per layer type (Qwen2, Gemma-2: sliding and full layers mixed)
+        if self.layer_types:  # one mask per layer type (Qwen2/3, Gemma-2/3: sliding and full layers mixed)
             return {"full_attention": full, "sliding_attention": windowed}
         return windowed  # every layer slides (Mistral, Phi-3)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 # at import time, not inside load_model: transformers resolves these names lazily, and two threads resolving
-# them at once (two app sessions loading models) can see a half-initialised module ("cannot import name")
+# them at once (two app users loading models) can see a half-initialised module ("cannot import name")
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
@@ -24,6 +24,8 @@ from ..errors import SpeclabError
 from .hf_backend import rollback_problem
 from .lm import LM, default_device
 from .native_llama import native_supported
+from .presets import offline_error
+from .presets import resolve as resolve_preset
 
 _LOAD_LOCK = threading.RLock()
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -89,8 +91,11 @@ def load_model(spec: str, *, device: str | torch.device | None = None, dtype: to
     elif isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     fam = _resolve_family(spec)
+    preset = None if fam is not None or os.path.isdir(os.path.expanduser(spec)) else resolve_preset(spec, role)
     if fam is not None:
         source, local, name = str(fam), True, spec
+    elif preset is not None:  # a curated pair's name: its target, or its draft when loaded as a draft
+        source, local, name = preset[0], False, preset[0]
     elif os.path.isdir(os.path.expanduser(spec)):
         source, local, name = os.path.expanduser(spec), True, os.path.basename(os.path.normpath(spec))
     elif HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
@@ -100,15 +105,17 @@ def load_model(spec: str, *, device: str | torch.device | None = None, dtype: to
         raise SpeclabError(f"unknown {what} '{spec}': not a shipped model ({known}), "
                            f"not a local directory, not a hub id")
     # one load at a time: from_pretrained builds on torch's global meta-device context, which two threads
-    # (two app sessions) would corrupt for each other ("cannot copy out of meta tensor")
+    # (two app users) would corrupt for each other ("cannot copy out of meta tensor")
     with _LOAD_LOCK:
         try:
-            tok, config = _from_cache_or_hub(lambda offline: _tokenizer_and_config(source, offline), spec, what,
-                                             local)
+            p = preset[1] if preset else None
+            tok, config = _from_cache_or_hub(lambda offline: _tokenizer_and_config(source, offline), source, what,
+                                             local, p)
             backend = _choose_backend(config, backend, what, spec)  # refusals come before any weights are read
             model = _from_cache_or_hub(lambda offline: AutoModelForCausalLM.from_pretrained(
                 source, config=config, local_files_only=offline, use_safetensors=True, dtype=dtype,
-                attn_implementation=attention_implementation(config), trust_remote_code=False), spec, what, local)
+                attn_implementation=attention_implementation(config), trust_remote_code=False), source, what, local,
+                p)
         except SpeclabError:
             raise
         except Exception as e:  # noqa: BLE001 - any loader failure becomes one line
@@ -119,9 +126,11 @@ def load_model(spec: str, *, device: str | torch.device | None = None, dtype: to
         return LM(name, source, model, tok, backend)
 
 
-def _from_cache_or_hub(load, spec: str, what: str, local: bool):
+def _from_cache_or_hub(load, spec: str, what: str, local: bool, preset=None):
     """``load(offline=True)`` first: a hub id may already be in the local cache, and then the network is
-    never touched; a hub id that is not gets one reachability check, then ``load(offline=False)``."""
+    never touched; a hub id that is not gets one reachability check, then ``load(offline=False)``. A preset's
+    files are fetched first with the hub's progress bar (gigabytes: a user should see them coming), and its
+    offline failure names the preset and the fallback."""
     try:
         return load(True)
     except SpeclabError:
@@ -129,8 +138,26 @@ def _from_cache_or_hub(load, spec: str, what: str, local: bool):
     except Exception:
         if local:
             raise
-        _check_hub_reachable(spec, what)
+        try:
+            _check_hub_reachable(spec, what)
+        except SpeclabError:
+            if preset is None:
+                raise
+            offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+            raise offline_error(preset, spec, "HF_HUB_OFFLINE forbids" if offline else
+                                "is unreachable from here and not in the local cache") from None
+        if preset is not None:
+            _download(spec)
         return load(False)
+
+
+def _download(repo_id: str) -> None:
+    """The files a causal LM needs (config, tokenizer, safetensors), with huggingface_hub's progress bars."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import enable_progress_bars
+
+    enable_progress_bars()
+    snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"])
 
 
 def _tokenizer_and_config(source: str, offline: bool):
@@ -160,5 +187,7 @@ def attention_implementation(config) -> str:
     whatever the checkpoint's config asks for."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    if getattr(config, "attn_logit_softcapping", None):  # SDPA would silently skip the soft cap (Gemma-2/3)
+        return "eager"
     cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     return "sdpa" if cls is None or getattr(cls, "_supports_sdpa", False) else "eager"

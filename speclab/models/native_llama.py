@@ -138,6 +138,9 @@ class StaticKVCache:
 #   even at 12;
 # * a model whose weights fit in the cache (the drafts, at most 1.7 MB) gains nothing from the second layout.
 FEW_ROWS = (2, 10)  # activation rows for which F.linear(x, W) is used, when the model keeps both layouts
+# a single row's verify block of up to this many tokens takes the written-out attention (_block_attention) on the
+# CPU; longer blocks (prefills) keep SDPA, whose flash kernel does not materialise the (T, S) scores
+BLOCK_ATTENTION_MAX = 16
 CACHE_RESIDENT_BYTES = 8 << 20  # matmul weights up to this size stay in the cache: one layout (W^T)
 BOTH_LAYOUTS_MAX_BYTES = 2 << 30  # above this, a second copy of the weights costs too much memory
 
@@ -199,6 +202,7 @@ class NativeLlama:
         sin[:, : d // 2] = -sin[:, : d // 2]  # pre-signed for _rope
         self.cos, self.sin = emb.cos().to(dev, dt), sin.to(dev, dt)
         self._causal = torch.ones(0, 0, dtype=torch.bool, device=dev)
+        self._bias = torch.zeros(0, 0, dtype=dt, device=dev)
         self.graph_pool = None  # speclab.models.cuda_graphs.GraphPool: graphed caches kept between runs
 
     def new_cache(self, capacity: int, max_len: int) -> StaticKVCache:
@@ -227,6 +231,30 @@ class NativeLlama:
             n = 1 << max(8, (kv_len - 1).bit_length())
             self._causal = torch.ones(n, n, dtype=torch.bool, device=self._causal.device).tril()
         return self._causal[p0:kv_len, :kv_len]  # (T, S)
+
+    def _causal_bias(self, p0: int, kv_len: int, dtype) -> torch.Tensor:
+        """The same rows as an additive bias (0 visible, -inf hidden), from a table kept between calls."""
+        if self._bias.shape[0] < kv_len or self._bias.dtype != dtype:
+            n = 1 << max(8, (kv_len - 1).bit_length())
+            full = torch.full((n, n), float("-inf"), dtype=dtype, device=self._causal.device)
+            self._bias = full.triu(1)
+        return self._bias[p0:kv_len, :kv_len]  # (T, S)
+
+    def _block_attention(self, q, kk, vv, p0: int, kv_len: int) -> torch.Tensor:
+        """One row's block of T > 1 queries (positions p0 .. kv_len-1) over its kv_len cached keys, written out:
+        q (1, H, T, D), kk / vv (1, Hkv, S, D) -> (1, H, T, D). SDPA's CPU kernel with a mask pays for the mask
+        (converted on every call, then applied block by block) more than the few rows of arithmetic cost: a
+        verify block spent most of its attention time there. Query head j*G + g reads KV head j (as repeat_kv)."""
+        n, H, T, D = q.shape
+        Hkv = kk.shape[1]
+        G = H // Hkv
+        qg = q.reshape(n, Hkv, G * T, D)  # (1, Hkv, G*T, D): the G query heads of a KV head as rows
+        bias = self._causal_bias(p0, kv_len, q.dtype)  # (T, S)
+        if G > 1:
+            bias = bias.repeat(G, 1)  # (G*T, S)
+        att = torch.baddbmm(bias, qg[0], kk[0].transpose(1, 2), alpha=D ** -0.5)  # (Hkv, G*T, S)
+        y = torch.bmm(att.softmax(-1), vv[0])  # (Hkv, G*T, D)
+        return y.reshape(n, H, T, D)
 
     @staticmethod
     def _lin(x: torch.Tensor, w) -> torch.Tensor:
@@ -301,7 +329,9 @@ class NativeLlama:
                 kc[r, :, slot_idx] = k.transpose(1, 2)
                 vc[r, :, slot_idx] = v
             kk, vv = kc[:, :, :kv_len], vc[:, :, :kv_len]  # (n, Hkv, S, D)
-            if grouped:  # query head j*G + g reads KV head j, as HF's repeat_kv has it
+            if fast and 1 < T <= BLOCK_ATTENTION_MAX and self.cpu:
+                y = self._block_attention(q, kk, vv, p0, kv_len)
+            elif grouped:  # query head j*G + g reads KV head j, as HF's repeat_kv has it
                 y = F.scaled_dot_product_attention(q.reshape(n, Hkv, G * T, D), kk, vv, attn_mask=gmask)
                 y = y.reshape(n, H, T, D)
             else:

@@ -7,14 +7,13 @@ before the event loop woke up to read them, before parsing, before the app's tas
 Two delays sit between a request reaching the host and the app seeing it, and the server's own histograms
 must count both, as a client does:
 
-* the event loop waking up to read it: on a machine whose cores the engine holds, about 1 ms (measured with
-  both engine cores busy on two CPUs, 2026-12-03, session 41: the mean over 64 requests at 2-32 streams,
-  5-10% of a 7-12 ms TTFT). Stamped at the read, the server's TTFT missed it and read 5-10% under a
-  client's from two streams on. The kernel's receive timestamp (``SO_TIMESTAMPNS``, Linux) is taken when the
-  packet arrives, whoever holds the CPUs;
+* the event loop waking up to read it: on a machine whose cores the engine holds, about 1 ms (with both
+  engine cores busy on two CPUs: the mean over 64 requests at 2-32 streams, 5-10% of a 7-12 ms TTFT). Stamped
+  at the read, the server's TTFT missed it and read 5-10% under a client's from two streams on. The kernel's
+  receive timestamp (``SO_TIMESTAMPNS``, Linux) is taken when the packet arrives, whoever holds the CPUs;
 * a burst of requests parsed one after another on the loop: stamped in the app instead, the last of 32 requests
   sent together started its clock after the other 31 had been parsed, tokenised and submitted (measured: 5-16 ms
-  of TTFT the server did not see at 8-32 concurrent requests, 2026-12-01).
+  of TTFT the server did not see at 8-32 concurrent requests).
 
 :func:`stamping_protocol` (uvicorn's HTTP protocol, subclassed) stamps each request with the time of the read in
 which its scope was built: the kernel's time for that read where :class:`KernelReads` reads the connection, else
@@ -38,7 +37,7 @@ SO_TIMESTAMPNS = 35  # Linux <asm-generic/socket.h> (also SCM_TIMESTAMPNS); Pyth
 READ_SIZE = 256 * 1024  # bytes a read takes at most (asyncio's and uvloop's size)
 # Kernel reads are not made on uvloop: libuv stops a poll handle whose descriptor reports an error (a peer's
 # reset) and tells uvloop, which drops it without calling the reader back, so a connection reset mid-request went
-# unseen and its handler waited for the rest of the body for ever (seen once in CI, 2026-12-03). asyncio's selector
+# unseen and its handler waited for the rest of the body for ever (seen in CI). asyncio's selector
 # reports the error as readable, and the read raises. speclab serve runs asyncio's loop with --arrival kernel.
 MAX_LAG = 60.0  # a kernel stamp further back than this is a clock step (the wall clock set), not a slow loop
 

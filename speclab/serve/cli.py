@@ -9,6 +9,9 @@ Startup order: cheap checks and the listening socket first (a bad flag or a busy
 as one line, exit 2), then the models, a short warm-up (the first forwards of a process are slow), then
 uvicorn. SIGTERM drains: new requests get 503 and new connections are refused, the requests in flight
 complete, then the process exits 0. A second SIGTERM or Ctrl-C stops at once.
+
+An engine core that dies is replaced (its requests in flight fail with a 503; the other cores keep serving);
+if cores keep dying (3 times within a minute) the server stops and exits 1 with a one-line reason.
 """
 
 from __future__ import annotations
@@ -71,6 +74,15 @@ def add_commands(sub) -> None:
     p.add_argument("--calibrate-costs", action=argparse.BooleanOptionalAction, default=True,
                    help="with an adaptive --spec-policy: time the step costs it weighs at start-up (a few seconds) "
                    "instead of learning them from the first requests (default on)")
+    p.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                   help="cancel a request still in flight this long after it arrived (HTTP 504, or an error event in "
+                   "its stream); default: no limit")
+    p.add_argument("--stream-stall-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="cancel a stream whose client has not taken a chunk for this long (its connection's buffers "
+                   "are full) and close its connection, freeing its row (default 30)")
+    p.add_argument("--max-workload-tags", type=int, default=32, metavar="N",
+                   help="workload tags (a request's metadata.workload or X-Workload header) exported with their own "
+                   "speclab:workload_* series on /metrics; later tags share the '_other' series (default 32)")
     p.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
                    help="uvicorn's HTTP parser; auto (default): httptools (C) when installed, else h11 (pure Python)")
     p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
@@ -117,6 +129,10 @@ def cmd_serve(args) -> int:
     dp = None if str(args.data_parallel_size).strip().lower() == "auto" else \
         check_int("--data-parallel-size", args.data_parallel_size, 1, 64)
     check_int("--port", args.port, 0, 65535)
+    check_int("--max-workload-tags", args.max_workload_tags, 0, 10_000)
+    for flag, v in (("--request-timeout", args.request_timeout), ("--stream-stall-timeout", args.stream_stall_timeout)):
+        if v is not None and not v > 0:
+            raise SpeclabError(f"{flag} must be a positive number of seconds, got {v:g}")
     spec = parse_speculative_config(args.speculative_config) if args.speculative_config is not None else None
     for flag, mod in (("--http", args.http), ("--loop", args.loop)):
         if mod not in ("auto", "h11", "asyncio"):
@@ -169,7 +185,9 @@ def cmd_serve(args) -> int:
                         draft_name=spec.model or spec.method or "none",
                         engine_process=None if args.engine == "auto" else args.engine == "process",
                         cpu_binding=args.cpu_binding, engine_threads=torch.get_num_threads(), engine_cores=dp,
-                        prefix_caching=args.enable_prefix_caching, costs=costs)
+                        prefix_caching=args.enable_prefix_caching, costs=costs,
+                        request_timeout=args.request_timeout, stream_stall_timeout=args.stream_stall_timeout,
+                        max_workload_tags=args.max_workload_tags)
         app = create_app(server)
     except BaseException:
         sock.close()
@@ -182,7 +200,12 @@ def cmd_serve(args) -> int:
     config = uvicorn.Config(app, log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
                             lifespan="on", timeout_graceful_shutdown=None, http=stamping_protocol(args.http, kernel),
                             loop=event_loop(args.loop, kernel))
-    draining_server(config, server).run(sockets=[sock])
+    uv = draining_server(config, server)
+    server.on_exit = lambda: setattr(uv, "should_exit", True)
+    uv.run(sockets=[sock])
+    if server.failed:  # the engine gave up: a non-zero status, so that whatever runs the server restarts it
+        print(f"speclab serve: error: {server.failed}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

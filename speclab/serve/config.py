@@ -5,7 +5,7 @@ draft-length policy built from it.
 
     {"method": "draft_model", "model": "draft-xs-distill", "num_speculative_tokens": 4}
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-    {"method": "suffix", "num_speculative_tokens": 4}   (suffix decoding, speclab.drafters.suffix)
+    {"method": "suffix", "num_speculative_tokens": 4}   (suffix decoding, speclab.drafters.suffix_tree)
     {"method": "synthetic", "model": "synthetic:0.8", "num_speculative_tokens": 4}   (speclab only)
 
 ``method`` may be left out: "ngram" when ``model`` is "ngram", else "draft_model". ``num_speculative_tokens``

@@ -27,6 +27,7 @@ class InProcessServer:
         self.timeout = startup_timeout
         self.uv = uvicorn.Server(uvicorn.Config(create_app(server), log_level="critical", access_log=False,
                                                 loop=event_loop(), http=stamping_protocol()))
+        server.on_exit = lambda: setattr(self.uv, "should_exit", True)
         self.thread = threading.Thread(target=self.uv.run, kwargs={"sockets": [self.sock]}, daemon=True,
                                        name=f"speclab-serve-{self.port}")
 

@@ -72,7 +72,7 @@ class ServerMetrics:
     """The server's metrics; an observer of :class:`speclab.serve.runner.Engine`."""
 
     def __init__(self, model_name: str, *, speculative: bool, k_max: int, policy: str, method: str, draft: str,
-                 max_model_len: int):
+                 max_model_len: int, max_tags: int = 32):
         self.registry = reg = CollectorRegistry()
         L = ("model_name", "engine")
         lv = (model_name, "0")
@@ -97,6 +97,8 @@ class ServerMetrics:
                              registry=reg).labels(*lv)
         self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", L,
                              registry=reg).labels(*lv)
+        self.cores_serving = Gauge("speclab:engine_cores_serving", "Engine cores taking requests now (a dead one's "
+                                   "replacement counts once it is ready).", L, registry=reg).labels(*lv)
         tok = token_buckets(max_model_len)
         self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                          TTFT_BUCKETS)
@@ -142,15 +144,21 @@ class ServerMetrics:
                                "machine to the server's event loop reading them.", READ_DELAY_BUCKETS)
         self.engine_errors = counter("speclab:engine_errors", "Engine steps that raised (their requests failed).")
         self.engine_errors = self.engine_errors.labels(*lv)
+        self.core_deaths = counter("speclab:engine_core_deaths", "Engine cores that died (each is replaced unless "
+                                   "they keep dying).").labels(*lv)
         Info("speclab:spec_policy", "Speculation in force: method, draft model, policy, num_speculative_tokens.",
              registry=reg).info({"model_name": model_name, "method": method, "draft_model": draft, "policy": policy,
                                  "num_speculative_tokens": str(k_max)})
         self._prefill_s: dict[str, float] = {}
+        self.by_tag = TagCounters(reg, lv, speculative, max_tags)
 
-    def bind(self, counts: Callable[[], tuple[int, int]]) -> None:
-        """Read running/waiting from ``counts()`` whenever /metrics is scraped."""
+    def bind(self, counts: Callable[[], tuple[int, int]], serving: Callable[[], int] | None = None) -> None:
+        """Read running/waiting from ``counts()`` (and the cores serving from ``serving()``) whenever /metrics is
+        scraped."""
         self.running.set_function(lambda: counts()[0])
         self.waiting.set_function(lambda: counts()[1])
+        if serving is not None:
+            self.cores_serving.set_function(serving)
 
     # ------------------------------------------------------------------ observer (speclab.serve.runner.Engine)
     def on_round(self, phase: str, time: float, prefill_s: float, rows: list, handles: dict, prefix_queries: int = 0,
@@ -222,8 +230,10 @@ class ServerMetrics:
             self.accepted_pos.append(acc_pos.labels(*lv, str(i)))
             self.drafted_pos.append(drf_pos.labels(*lv, str(i)))
 
-    def finished(self, req, status: str) -> None:
+    def finished(self, req, status: str, tag: str | None = None) -> None:
         self.success[status].inc()
+        if tag is not None:
+            self.by_tag.finished(req, status, tag)
         prefill_s = self._prefill_s.pop(req.request_id, 0.0)
         if status in ("abort", "error") or req.first_token_time is None or req.finish_time is None:
             return
@@ -245,3 +255,66 @@ class ServerMetrics:
 
     def engine_error(self) -> None:
         self.engine_errors.inc()
+
+    def core_died(self) -> None:
+        self.core_deaths.inc()
+
+
+OTHER_TAG = "_other"  # the bucket of the tags beyond the first max_tags
+
+
+class TagCounters:
+    """Per workload tag (a request's ``metadata.workload`` or ``X-Workload`` header): requests finished,
+    generation tokens and the raw spec-decode counters, as vLLM's (drafts, draft tokens, accepted tokens, per
+    position), under ``speclab:workload_*`` with a ``workload`` label. A request's counts are added when it
+    finishes (a request that fails adds none of its counts). The first ``max_tags`` tags seen get their own label
+    value, later ones share :data:`OTHER_TAG`, so a client cannot grow the series without bound. Requests without
+    a tag are counted only in the server-wide metrics."""
+
+    def __init__(self, reg: CollectorRegistry, lv: tuple, speculative: bool, max_tags: int):
+        L = ("model_name", "engine", "workload")
+        self.lv, self.max_tags, self.speculative = lv, max_tags, speculative
+        self.known: set[str] = set()
+        self.requests = Counter("speclab:workload_requests", "Requests finished, per workload tag.",
+                                L + ("finished_reason",), registry=reg)
+        self.generation = Counter("speclab:workload_generation_tokens", "Generation tokens, per workload tag.", L,
+                                  registry=reg)
+        if speculative:
+            self.drafts = Counter("speclab:workload_spec_decode_num_drafts", "Spec decoding drafts (rounds that "
+                                  "drafted), per workload tag.", L, registry=reg)
+            self.draft_tokens = Counter("speclab:workload_spec_decode_num_draft_tokens", "Draft tokens, per workload "
+                                        "tag.", L, registry=reg)
+            self.accepted = Counter("speclab:workload_spec_decode_num_accepted_tokens", "Accepted tokens, per "
+                                    "workload tag.", L, registry=reg)
+            self.accepted_pos = Counter("speclab:workload_spec_decode_num_accepted_tokens_per_pos", "Accepted tokens "
+                                        "per draft position, per workload tag.", L + ("position",), registry=reg)
+            self.drafted_pos = Counter("speclab:workload_spec_decode_num_draft_tokens_per_pos", "Draft tokens "
+                                       "verified per draft position, per workload tag.", L + ("position",),
+                                       registry=reg)
+
+    def label(self, tag: str) -> str:
+        if tag in self.known:
+            return tag
+        if len(self.known) < self.max_tags:
+            self.known.add(tag)
+            return tag
+        return OTHER_TAG
+
+    def finished(self, req, status: str, tag: str) -> None:
+        lv = (*self.lv, self.label(tag))
+        self.requests.labels(*lv, status).inc()
+        if status == "error":
+            return
+        if req.generated:
+            self.generation.labels(*lv).inc(len(req.generated))
+        if not self.speculative or not req.drafted:
+            return
+        self.drafts.labels(*lv).inc(sum(1 for d, _ in req.history if d > 0))
+        self.draft_tokens.labels(*lv).inc(req.drafted)
+        self.accepted.labels(*lv).inc(req.accepted)
+        for i, n in enumerate(req.pos_drafted):
+            if n:
+                self.drafted_pos.labels(*lv, str(i)).inc(n)
+        for i, n in enumerate(req.pos_accepted):
+            if n:
+                self.accepted_pos.labels(*lv, str(i)).inc(n)

@@ -5,11 +5,16 @@ Requests are parsed by hand from the JSON body (not by a schema library) so that
 OpenAI-style 400 naming the parameter: ``{"error": {"message", "type": "invalid_request_error", "param",
 "code"}}``. Ranges are checked by :mod:`speclab.limits`, the one place for limits.
 
+Every error the server sends, whatever its status, has that one shape, and ``code`` is always a string
+(:data:`CODES` names the default for each status; OpenAI's own codes where it has one: ``invalid_api_key``,
+``model_not_found``, ``context_length_exceeded``, ``rate_limit_exceeded``).
+
 Parameters (both endpoints): ``model`` (optional; must be the served name), ``max_tokens`` (completions:
 default 16, as OpenAI and vLLM; chat: ``max_completion_tokens`` or ``max_tokens``, default the rest of
 the context, as vLLM), ``temperature`` (default 1.0; 0 = greedy), ``top_p`` (default 1), ``top_k`` (default
 0 = off; -1 also means off, as vLLM), ``seed`` (default: a fresh one), ``stop`` (a string or a list),
-``stream``, ``stream_options.include_usage``, ``n`` (must be 1), ``ignore_eos`` and ``return_token_ids``
+``stream``, ``stream_options.include_usage`` and ``stream_options.continuous_usage_stats`` (vLLM's: a running
+``usage`` in every chunk), ``n`` (must be 1), ``ignore_eos`` and ``return_token_ids``
 (vLLM extensions: keep going past EOS; add the token ids to every choice). ``prompt`` is a string, a
 list of token ids, or a one-element list of either. Chat ``messages`` are rendered by the model's chat
 template (:meth:`speclab.models.LM.apply_chat`; the family has none and uses
@@ -42,24 +47,35 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
-class APIError(Exception):
-    """An HTTP error with an OpenAI-style body."""
+# an error's default (type, code) by HTTP status
+CODES = {400: ("invalid_request_error", "invalid_value"), 401: ("authentication_error", "invalid_api_key"),
+         404: ("invalid_request_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed"),
+         413: ("invalid_request_error", "request_too_large"), 422: ("invalid_request_error", "invalid_value"),
+         429: ("rate_limit_error", "rate_limit_exceeded"), 500: ("server_error", "internal_error"),
+         503: ("server_error", "service_unavailable"), 504: ("timeout_error", "request_timeout")}
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | int | None = None):
+
+class APIError(Exception):
+    """An HTTP error with an OpenAI-style body; ``type`` and ``code`` default by status (:data:`CODES`)."""
+
+    def __init__(self, status: int, message: str, type: str | None = None, param: str | None = None,
+                 code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.type, self.param = status, message, type, param
-        self.code = code if code is not None else status
+        default_type, default_code = CODES.get(status, ("server_error" if status >= 500 else "invalid_request_error",
+                                                        f"http_{status}"))
+        self.status, self.message, self.param = status, message, param
+        self.type, self.code = type or default_type, str(code or default_code)
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None, code=400) -> dict:
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str = "invalid_value") -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def bad(message: str, param: str | None = None, code: str | int = 400) -> APIError:
+def bad(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
     return APIError(400, message, "invalid_request_error", param, code)
 
 
@@ -86,6 +102,28 @@ class GenRequest:
     include_usage: bool
     ignore_eos: bool
     return_token_ids: bool
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage so far in every chunk
+
+
+TAG_HEADER = "x-workload"  # a request's workload tag, as a header (e.g. set by a gateway per endpoint)
+TAG_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.:/")
+TAG_MAX = 64
+
+
+def workload_tag(header: str | None, body: dict) -> str | None:
+    """A request's workload (or endpoint) tag: OpenAI's ``metadata`` field, ``{"workload": TAG}``, or the
+    ``X-Workload`` header (the body wins when both are given); None without one. A tag is 1-64 characters of
+    letters, digits and ``_-.:/``, so that it can be a Prometheus label value as it is."""
+    meta = body.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise bad("'metadata' must be an object of string values", "metadata")
+    tag, param = (meta.get("workload"), "metadata") if meta and "workload" in meta else (header, TAG_HEADER)
+    if tag is None:
+        return None
+    if not isinstance(tag, str) or not 0 < len(tag) <= TAG_MAX or not set(tag) <= TAG_CHARS:
+        raise bad(f"the workload tag must be 1-{TAG_MAX} characters of letters, digits and _-.:/, got "
+                  f"{json.dumps(tag)[:80]}", param)
+    return tag
 
 
 def parse_body(raw: bytes) -> dict:
@@ -145,6 +183,7 @@ def _common(body: dict, info: ModelInfo, prompt_ids: list[int], prompt_param: st
     stream = _typed(body, "stream", (bool,), "true or false", False)
     opts = _typed(body, "stream_options", (dict,), "an object", {})
     include_usage = _typed(opts, "include_usage", (bool,), "true or false", False)
+    continuous = _typed(opts, "continuous_usage_stats", (bool,), "true or false", False)
     ignore_eos = _typed(body, "ignore_eos", (bool,), "true or false", False)
     return_ids = _typed(body, "return_token_ids", (bool,), "true or false", False)
     if max_tokens is None:  # chat: the rest of the context
@@ -159,7 +198,7 @@ def _common(body: dict, info: ModelInfo, prompt_ids: list[int], prompt_param: st
     except SpeclabError as e:
         raise bad(str(e), param, "context_length_exceeded") from None
     return GenRequest(kind, prompt_ids, max_tokens, SamplingParams(float(temperature), int(top_k), float(top_p)),
-                      seed, tuple(s for s in stop if s), stream, include_usage, ignore_eos, return_ids)
+                      seed, tuple(s for s in stop if s), stream, include_usage, ignore_eos, return_ids, continuous)
 
 
 def _token_ids(ids: list, info: ModelInfo) -> list[int]:
@@ -304,12 +343,16 @@ class Formatter:
         return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}])
 
-    def chunk(self, text: str, ids: list[int] | None, finish: str | None = None, stop_reason=None) -> str:
+    def chunk(self, text: str, ids: list[int] | None, finish: str | None = None, stop_reason=None,
+              usage: dict | None = None) -> str:
+        """One chunk; with ``usage`` (continuous usage stats) the request's token counts so far ride along."""
         if finish is not None or self.prompt_ids is not None:
-            return self._chunk([self._choice(text, ids, finish, stop_reason)])
+            return self._chunk([self._choice(text, ids, finish, stop_reason)], **({"usage": usage} if usage else {}))
         out = self._pre + json.dumps(text, ensure_ascii=False) + self._mid
         if self.return_ids and ids is not None:
             out += ',"token_ids":[' + ",".join(map(str, ids)) + "]"
+        if usage is not None:
+            return out + '}],"usage":' + json.dumps(usage, separators=(",", ":")) + "}\n\n"
         return out + "}]}\n\n"
 
     def usage_chunk(self, req) -> str:

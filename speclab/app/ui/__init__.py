@@ -45,8 +45,8 @@ def build_demo(cfg: AppConfig | None = None) -> gr.Blocks:
                 first_prompt=examples[first_wl][0].prompt if first_wl else "def fibonacci(n):\n",
                 policies=config.policy_names(), custom=custom,
                 custom_info=" · or type a local directory / hub id" if custom else "",
-                target_choices=[(label(t), t) for t in cfg.targets],
-                draft_choices=[(label(d), d) for d in cfg.drafts])
+                target_choices=[(label(t, "target"), t) for t in cfg.targets],
+                draft_choices=[(label(d, "draft"), d) for d in cfg.drafts])
     with gr.Blocks(title="speclab: speculative decoding lab", analytics_enabled=False) as demo:
         gr.Markdown(INTRO)
         if not cfg.targets:

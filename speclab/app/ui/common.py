@@ -33,6 +33,12 @@ CSS = """
 .speclab-rows { max-height: 640px; overflow-y: auto; }
 .speclab-status { min-height: 1.5em; }
 .speclab-error { color: #cf222e; font-weight: 600; }
+/* a table's header reads whole: Gradio sizes a column by its cells, so a column of empty or short cells beside a
+   long one (the advisor's flags) would break its header letter by letter; the table scrolls sideways instead */
+.header-cell { min-width: max-content !important; }
+.header-cell .header.text {
+  word-break: normal !important; overflow-wrap: normal !important; white-space: nowrap !important;
+}
 """
 
 
@@ -96,10 +102,14 @@ def restate(gate: jobs.StopGate, said: str):
     return said if gate.idle else gr.skip()
 
 
-def label(name: str) -> str:
-    """How a model is named in the page: the family's label for it, a directory's last part, or as given."""
+def label(name: str, role: str = "target") -> str:
+    """How a model is named in the page: the family's label for it, a preset's hub model and download, a
+    directory's last part, or as given."""
     if name in config.DRAFT_LABELS:
         return config.DRAFT_LABELS[name]
+    hub = config.preset_label(name, role)
+    if hub is not None:
+        return hub
     return os.path.basename(os.path.normpath(name)) if os.path.isdir(name) else name
 
 

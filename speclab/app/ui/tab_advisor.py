@@ -23,7 +23,7 @@ def build(sh: Shared) -> None:
                                   value=advice.ACCEPTANCE_SHIPPED, label="acceptance from")
                 ad_rates = gr.Textbox("json:0.8,code:0.45,creative:0.25", label="typed rates (name:rate or "
                                       "name:r1/r2/r3 per position)")
-                ad_files = gr.File(label="results: speclab bench --json, a sweep, speclab load --json",
+                ad_files = gr.File(label="results: speclab bench, a sweep, speclab load --json",
                                    file_count="multiple", type="filepath")
             with gr.Column():
                 ad_hw = lenient(gr.Dropdown(adv_ch["hardware"], value="h100", label="hardware"))

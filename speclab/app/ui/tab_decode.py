@@ -40,7 +40,7 @@ def rows_html(view: dict | None, which: str = ALL_ROWS) -> str:
 def run_status(view: decode.RunView) -> str:
     s = view.settings
     pol = f", policy {s.policy}" if s.policy != "fixed" else ""
-    what = f"**{label(s.draft)}** k={s.k}{pol}" if s.speculative else "**baseline** (no draft)"
+    what = f"**{label(s.draft, 'draft')}** k={s.k}{pol}" if s.speculative else "**baseline** (no draft)"
     n = sum(sum(1 for t in r if t["status"] != "rejected") for r in view.tokens)
     if view.phase == "speculative":
         return f"▶ decoding with {what}: round {view.round}, {n} tokens"

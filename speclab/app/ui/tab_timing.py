@@ -6,6 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ... import viz
+from ...analysis.bench_round import phases_chart
 from ...errors import SpeclabError
 from .. import config, decode, timing
 from .common import Shared, error_md, gpu, lenient, one_line
@@ -36,10 +37,11 @@ def build(sh: Shared) -> None:
             tm_cum = gr.Plot(label="tokens over time", show_label=False, elem_id="plot-cum")
             tm_ttft = gr.Plot(label="time to first token", show_label=False, elem_id="plot-ttft")
         tm_table = gr.Dataframe(label="summary", interactive=False)
+        tm_phases = gr.Plot(label="a round, phase by phase", show_label=False, elem_id="plot-phases")
 
         @gpu(120)
         def _timing(prompt_, target_, draft_, k_, max_new_):
-            skip = (gr.skip(),) * 4
+            skip = (gr.skip(),) * 5
             try:
                 s = decode.validate_decode(cfg, prompt_, target_, draft_, k_, 1, 0.0, 1.0, max_new_, 0)
                 if not s.speculative:
@@ -57,8 +59,8 @@ def build(sh: Shared) -> None:
                    + (f"; speedup **{sp:.2f}×**{slower}" if sp is not None else "")
                    + ". Gaps of ~0 ms are tokens that arrived in the same round as the previous one.")
             return (msg, viz.gaps_chart(r["gaps"]), viz.cumulative_tokens_chart(r["gaps"]),
-                    viz.ttft_chart(r["ttft"]), ttft)
+                    viz.ttft_chart(r["ttft"]), ttft, phases_chart(r["phases"]))
 
         tm_btn.click(_timing, [tm_prompt, tm_target, tm_draft, tm_k, tm_max_new],
-                     [tm_status, tm_gaps, tm_cum, tm_ttft, tm_table], api_name="timing",
+                     [tm_status, tm_gaps, tm_cum, tm_ttft, tm_table, tm_phases], api_name="timing",
                      concurrency_id="decode")

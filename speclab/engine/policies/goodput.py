@@ -48,8 +48,8 @@ class Goodput:
     acceptance coming back; never at a load where only an implausible acceptance would pay). Before drafting at a
     load level with fewer than ``PLAIN_SAMPLES`` plain steps timed online, it times them (:class:`PlainCheck`).
     Held decisions: a k = 0 decision is kept while nothing can change it (:class:`OffHold`), and a drafting decision
-    for the next ``draft_hold`` rounds while the same rows run (:class:`DraftHold`: weighing costs 43-146 us a round
-    at 1-16 rows)."""
+    for the next ``draft_hold`` rounds while the same rows run (:class:`DraftHold`: weighing costs tens of
+    microseconds a round, more with more rows)."""
 
     k_max: int = 4
     probe_every: int = 8

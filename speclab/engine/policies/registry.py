@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 from ...errors import SpeclabError
 from ...limits import check_float, check_k
+from ..costs import ROBUST_REPS, ROBUST_STAT, calibration_clock, calibration_rows
 from .base import Fixed, Off, Policy
 from .goodput import Goodput
 from .rules import Confidence, Ema, Heuristic
@@ -20,15 +23,11 @@ def seed_costs(policy, costs, target, drafter, rows: int, context: int = 96) -> 
     policies): the seconds spent, or None for a policy that does not read them. A model drafter's draft phases
     are timed as they run (:func:`~speclab.engine.costs.time_draft_phases`); other drafters' are learnt online. The
     fastest of a few runs of each shape (``ROBUST_STAT``): other processes calibrating at the same moment (servers
-    started together) preempt some runs, and a median of three took them; timed by the thread's own CPU time on a CPU
-    with one torch thread (:func:`~speclab.engine.costs.calibration_clock`: even the fastest of five wall-clock runs
-    read some widths 3.5x their time alone)."""
+    started together) preempt some runs, and a median can take a preempted one; timed by the thread's own CPU time
+    on a CPU with one torch thread (:func:`~speclab.engine.costs.calibration_clock`: wall-clock runs on a shared
+    machine stretch some widths and not others)."""
     if policy.name not in ADAPTIVE or policy.k_max == 0:
         return None
-    import torch
-
-    from ..costs import ROBUST_REPS, ROBUST_STAT, calibration_clock, calibration_rows
-
     return costs.calibrate(target, drafter, rows=calibration_rows(rows), tokens=tuple(range(1, policy.k_max + 2)),
                            context=context, reps=ROBUST_REPS, stat=ROBUST_STAT,
                            clock=calibration_clock(target.device, torch.get_num_threads()))

@@ -55,18 +55,17 @@ class AcceptanceTracker:
     cost the policy weighs, tries it again. A row's estimate at i is
     (accepted + w * prior) / (reached + w), with w = ``prior_weight`` and prior, at i = 0, the population's
     estimate there and, deeper in, by ``position_prior`` (:func:`position_priors`): the population's estimate at i
-    (``"population"``, the default), the row's own estimate at i-1 (``"chain"``: acceptance i.i.d. along a draft,
-    the default until 2026-12-02), or the row's offset from the population carried in log-odds (``"logit"``).
-    Drafts are not i.i.d.: on JSON the first draft token is taken 0.69 of the time and every later one about 0.9
-    once the ones before it were, so 'chain' started a new row at [0.69, 0.48, 0.33, 0.23] where the population
-    read [0.69, 0.61, 0.55, 0.50] (``speclab bench --tracker-fit``: 'population' has the lower log-loss on JSON and
-    code at k >= 2, and over all). The population's own prior at position 0 is ``default``, deeper in its estimate
+    (``"population"``, the default), the row's own estimate at i-1 (``"chain"``: acceptance i.i.d. along a
+    draft), or the row's offset from the population carried in log-odds (``"logit"``).
+    Drafts are not i.i.d.: a later draft token is taken more often once the ones before it were, so 'chain'
+    starts a new row far too low at the deeper positions, where the population's estimate there is close (the
+    tracker-fit benchmark, ``benchmarks/tracker_fit.py``, compares the priors by log-loss over recorded histories).
+    The population's own prior at position 0 is ``default``, deeper in its estimate
     before. ``survival(row)`` = cumulative products: P(at least i+1 drafts accepted).
 
-    The defaults (decay 0.95, prior weight 4) come from ``speclab bench --tracker-fit``: replaying fixed-k
-    histories of JSON, code and prose through the tracker, they predict acceptance with 1.6% less log-loss
-    than the earlier 0.9 / 2, which followed a row so closely that one miss halved its estimate (a
-    setting that forgets more slowly still, 0.98 / 8, is 0.4% better again, within the grid's flat bottom).
+    The defaults (decay 0.95, prior weight 4) sit in the flat bottom of the tracker-fit benchmark's log-loss over
+    fixed-k histories of JSON, code and prose; a setting that forgets faster follows a row so closely that one miss
+    halves its estimate.
     """
 
     def __init__(self, k_max: int, decay: float = 0.95, prior_weight: float = 4.0, default: float = 0.8,

@@ -77,10 +77,9 @@ class RoundTimes:
     In the line, where some draft lengths' verifies were timed online at n rows and others only calibrated there
     (read from the table's :meth:`~speclab.engine.costs.OnlineCosts.measured`), a timed one weighs 1 and a calibrated
     one ``calibrated`` (default :data:`CALIBRATED_WEIGHT`; 0 keeps it out of the line, as it is): a calibrated width
-    is rescaled by the ratio another width drifted by online, which need not hold for it. Measured
-    at 64 rows on JSON: verifies of 2 and 3 tokens timed online at 21.8 and 31.6 ms, 4 and 5 tokens only calibrated
-    and rescaled to 39.5 and 46.9 ms where fixed k = 4 took 40.9-42.3; the unweighted line put k = 1 at 28.2 ms
-    against 26.7 from its own parts, and goodput stayed off where fixed k = 1 read 1.09-1.11x plain."""
+    is rescaled by the ratio another width drifted by online, which need not hold for it. Weighed equally, rescaled
+    calibrations of the widths a policy never ran can tilt the line enough to price the short draft lengths above
+    their own parts and keep the policy off where a short fixed k pays."""
 
     def __init__(self, k_max: int, refresh: int = 8, fit=affine_in_k, calibrated: float = CALIBRATED_WEIGHT):
         self.k_max, self.refresh, self.fit, self.calibrated = k_max, refresh, fit, calibrated
@@ -210,10 +209,8 @@ class ProbeBudget:
 
     Backoff: each probe in a row that did not switch drafting back on halves the budget (at most ``backoff``
     times; :attr:`share`), and drafting switching on (:meth:`reset`) makes it whole again. Where speculation never
-    pays, every probe is lost, so the whole budget shows as a loss against plain decoding (measured: the rules
-    behind the cost gate at 16 rows on the mixed stream, off in 98% of rounds, read 0.93x plain with the budget at
-    5% and 0.99x without probes); where acceptance comes back, the first probes after a switch-off come as often
-    as before."""
+    pays, every probe is lost, so the whole budget would show as a loss against plain decoding; where acceptance
+    comes back, the first probes after a switch-off come as often as before."""
 
     def __init__(self, every: int, budget: float, backoff: int = 2):
         self.every, self.budget, self.backoff = every, budget, backoff
@@ -270,10 +267,9 @@ class PlainCheck:
     """Times the plain step at a load level where the policy would draft but fewer than :data:`PLAIN_SAMPLES` plain
     steps were timed online (:meth:`OnlineCosts.plain_samples`): a policy drafting from its first round never runs
     the steady plain rounds the scheduler times, so its plain-step estimate stays the calibration scaled by what
-    other load levels or the verify blocks drifted to. Measured: 16 rows on the mixed stream, goodput read a plain
-    round as 12.7 ms (a plain-round overhead extrapolated from 2 rows, and 2 rows' drift) where plain rounds took
-    5.4 ms, so it drafted k = 1 at a predicted 1.17x and realized 0.93x plain. One sample is not enough (it sets
-    the estimate at its shape alone; on code at 4 rows one read 3.9 ms where plain rounds took 2.7 ms). Before
+    other load levels or the verify blocks drifted to: a plain-round overhead extrapolated from few rows can price
+    plain rounds far above what they take, and the policy then drafts where drafting loses. One sample is not enough
+    (it sets the estimate at its shape alone, and a single cold one reads high). Before
     drafting there it runs k = 0 rounds until the level has them (the first plain round after a drafting one runs
     cold and is not timed; the scheduler times every steady plain round until then), at most ``rounds`` for each
     load level (power-of-two row counts), so a scheduler that does not record costs loses a few rounds once. A
@@ -303,9 +299,9 @@ def switch_on(gain: float, on: bool, margin: float = SWITCH_MARGIN) -> bool:
     whether the last weighed round drafted (``on``)? Hysteresis: drafting stays on while it is predicted to pay at
     all (gain > 1) but comes back on only at a gain of 1 + ``margin``. Switching on has costs the round's model
     does not carry in full (the draft's weights and cache run cold after plain rounds, rows admitted meanwhile are
-    prefilled into the draft), and its prediction errs by a few percent either way; at a predicted 1.01x a policy
-    flipping on and off pays those costs for nothing (measured: 16 rows on code, predicted 1.01-1.07x, realized
-    0.92-0.96x plain). e.g. gain 1.03: on stays on, off stays off; gain 1.06 switches on; 0.99 switches off."""
+    prefilled into the draft), and its prediction errs by a few percent either way; near a predicted 1.0x a policy
+    flipping on and off pays those costs for nothing.
+    e.g. gain 1.03: on stays on, off stays off; gain 1.06 switches on; 0.99 switches off."""
     return gain > 1.0 if on else gain >= 1.0 + margin
 
 
@@ -361,14 +357,13 @@ class OffHold:
 class DraftHold:
     """Keeps a drafting decision for the next few rounds while the same rows run (same request ids, in the same
     order), for at most ``rounds`` rounds. Weighing a round costs tens of microseconds of Python per round and more
-    per row (goodput: 43 us a round at one row, 71 us at 4, 146 us at 16, measured in the policies benchmark; 2% of
-    a drafting round at one row, and its cold caches slow the forwards after it), and what it reads moves little
+    per row (a visible share of a small drafting round, and its cold caches slow the forwards after it; the
+    policies benchmark times it), and what it reads moves little
     from one round to the next: the tracker takes the held rounds in at the next weighing (it reads each row's
     history since the last call), and a row arriving or leaving ends the hold at once. The price: a fall in
     acceptance is seen up to ``rounds`` rounds later. Near break-even that is a gain too: weighed every round, a
     policy switches off at the first run of rejections that pulls its estimate under break-even and, off, learns
-    only from probes (measured, code at one row: held from 1.1x only, goodput was off in 26% of rounds and read
-    1.03x plain; held always, 3% and 1.10x, where fixed k = 1 read 1.12x)."""
+    only from probes."""
 
     def __init__(self, rounds: int = 4):
         self.rounds = rounds

@@ -1,4 +1,4 @@
-"""``speclab bench --serve-experiment``: the seed experiment of issue 13, end to end.
+"""The serving experiment, end to end: ``python benchmarks/serve_experiment.py``.
 
 Servers (each started fresh, one torch thread each):
 
@@ -25,6 +25,12 @@ paying against plain), the text report and the charts (:mod:`.serve_report`).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python benchmarks/NAME.py`: its siblings import as the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import json
 import os
 import time
@@ -33,9 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import SpeclabError
-from ..load.shapes import Budgets
-from . import serve_judge as judge
+from benchmarks import serve_judge as judge
+from speclab.errors import SpeclabError
+from speclab.load.shapes import Budgets
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 FULL_LEVELS = (1, 2, 4, 8, 16, 32, 64)
@@ -101,7 +107,7 @@ class ExperimentSpec:
 
 def speclab_configs(spec: ExperimentSpec) -> list[ServerConfig]:
     """Plain, fixed k and each adaptive policy, in that order (names as the tables show them)."""
-    from ..engine.policies import POLICIES
+    from speclab.engine.policies import POLICIES
 
     draft = {"method": "draft_model", "model": spec.draft, "num_speculative_tokens": spec.k}
     out = [ServerConfig("speclab plain", "speclab", "plain")]
@@ -126,13 +132,13 @@ def split_configs(configs: list[ServerConfig]) -> list[ServerConfig]:
 
 def vllm_table(table: str) -> list[list[int]]:
     """speclab's '1-2=4,3-4=2,5-=0' -> vLLM's [[1, 2, 4], [3, 4, 2], [5, 1000000, 0]] (inclusive ranges)."""
-    from ..engine.policies import parse_table
+    from speclab.engine.policies import parse_table
 
     return [[lo, hi if hi is not None else 1_000_000, k] for lo, hi, k in parse_table(table)]
 
 
 def vllm_configs(spec: ExperimentSpec) -> list[ServerConfig]:
-    from ..family import resolve
+    from speclab.family import resolve
 
     draft = resolve(spec.draft) or Path(spec.draft)
     if not Path(draft).is_dir():
@@ -160,8 +166,8 @@ def measure(url: str, cfg: ServerConfig, workload: str, c: int, spec: Experiment
     """One cell: ``speclab load`` at concurrency ``c`` against ``url``; JSON-ready. Repetition ``rep`` takes its
     prompts in the order of seed ``spec.seed + rep``: every server and level of a repetition sends the same
     requests, and repetitions cover more of the workload than one order repeated."""
-    from ..load import Endpoint, LoadSpec, concurrency_levels, run
-    from ..load.report import level_rows
+    from speclab.load import Endpoint, LoadSpec, concurrency_levels, run
+    from speclab.load.report import level_rows
 
     extra = {"return_token_ids": True} if cfg.engine == "vllm" else {}
     ep = Endpoint(url, model=model, max_tokens=spec.max_tokens, temperature=0.0, timeout=spec.timeout, extra=extra)
@@ -194,7 +200,7 @@ def measure(url: str, cfg: ServerConfig, workload: str, c: int, spec: Experiment
 
 def _start_all(starters: dict) -> dict:
     """Start servers in parallel ({name: zero-argument callable}); on any failure, or an interrupt while they
-    start, stop the ones that came up (each runs in its own session: nothing else would end them)."""
+    start, stop the ones that came up (each runs in its own process group: nothing else would end them)."""
     pool = ThreadPoolExecutor(max(1, len(starters)))
     futures = {name: pool.submit(f) for name, f in starters.items()}
     try:
@@ -224,7 +230,7 @@ def _stop_all(servers) -> None:
 
 
 def _speclab_starter(cfg: ServerConfig, spec: ExperimentSpec):
-    from ..load.servers import speclab_serve
+    from speclab.load.servers import speclab_serve
 
     return lambda: speclab_serve(spec.target, cfg.spec if cfg.spec is not None else "none", policy=cfg.policy,
                                  threads=spec.threads, split_tokens=cfg.split)
@@ -269,7 +275,7 @@ def median_cell(measured: list[dict]) -> dict:
     server ran in the same turn, close in time); ``failed_reps`` each repetition's failed requests, with
     ``failures`` (by kind) and ``failure_examples`` over all of them, from each repetition's load summary
     (:func:`speclab.load.stats.summarize`), so that a failure in any repetition shows."""
-    from .bench_serve import median_rep
+    from speclab.analysis.bench_serve import median_rep
 
     kept = median_rep(measured, tok_s=lambda m: m["tok_s"])
     pooled = pooled_tok_s(measured)
@@ -308,9 +314,9 @@ def _run_vllm(configs: list[ServerConfig], spec: ExperimentSpec, prompts: dict, 
     counters against its engine log."""
     import httpx
 
-    from ..family import resolve
-    from ..load import scrape
-    from ..load.servers import vllm_serve, vllm_venv
+    from speclab.family import resolve
+    from speclab.load import scrape
+    from speclab.load.servers import vllm_serve, vllm_venv
 
     venv = vllm_venv(spec.vllm_venv)
     if venv is None:
@@ -353,7 +359,7 @@ def _run_vllm(configs: list[ServerConfig], spec: ExperimentSpec, prompts: dict, 
 
 def run_experiment(spec: ExperimentSpec, log=print) -> dict:
     """Run the whole experiment; returns the JSON-ready result (see :func:`judge_result`)."""
-    from ..load.prompts import load_prompts
+    from speclab.load.prompts import load_prompts
 
     t_start = time.perf_counter()
     prompts = {wl: load_prompts(wl) for wl in spec.workloads}
@@ -388,7 +394,7 @@ def compare_servers(cells: list[dict]) -> tuple[list[dict], dict, list[dict]]:
     """Per engine, plain against fixed k: the throughput check rows and the crossover by workload; and the control
     rows (speclab's second plain server over its plain one), whose ratio speclab's throughput rows carry (vLLM's
     servers run one at a time, later, outside that rotation)."""
-    from .bench_serve import crossover
+    from speclab.analysis.bench_serve import crossover
 
     throughput, cross, control = [], {}, []
     for engine in ("speclab", "vllm"):
@@ -411,7 +417,7 @@ def compare_servers(cells: list[dict]) -> tuple[list[dict], dict, list[dict]]:
 
 def judge_result(cells: list[dict], spec: ExperimentSpec, vllm_acceptance: list | None = None) -> dict:
     """Verdicts per server and workload, the checks and the crossovers, from the cells."""
-    from ..load.fingerprint import verdict
+    from speclab.load.fingerprint import verdict
 
     groups: dict[tuple, list] = {}
     for c in cells:
@@ -436,37 +442,41 @@ def judge_result(cells: list[dict], spec: ExperimentSpec, vllm_acceptance: list 
 # ------------------------------------------------------------------------------------------ the command
 
 
-def add_arguments(b) -> None:
-    """The flags of ``bench --serve-experiment`` (it also reads --workload, --concurrency, --requests, --reps,
-    --max-new-tokens, --draft, --k, --target, --policy-list, --vllm-venv, --seed, --threads, --json, --charts,
-    --full, --quiet)."""
-    b.add_argument("--serve-experiment", action="store_true",
-                   help="the seed experiment (issue 13): speclab serve plain, fixed k and the adaptive policies (and "
-                        "vLLM when its venv is present) under speclab load at rising concurrency on json, code and "
-                        "tech_prose; pacing verdicts, crossover and checks (about 10 minutes; --full: more)")
-    b.add_argument("--batch-table", default=None, metavar="TABLE",
-                   help=f"--serve-experiment: the batch-table policy's table, also vLLM's "
-                        f"num_speculative_tokens_per_batch_size (default {CPU_TABLE})")
-    b.add_argument("--no-vllm", action="store_true", help="--serve-experiment: leave vLLM out (--policy-list: the "
-                   "adaptive policies besides plain and fixed k, default every one; 'none' for neither)")
-    b.add_argument("--no-speclab", action="store_true", help="--serve-experiment: only vLLM")
-    b.add_argument("--no-split", action="store_true", help="--serve-experiment: no --stream-split-tokens servers")
-    b.add_argument("--control", action="store_true",
-                   help="--serve-experiment: add a second plain speclab server to the rotation (the A/A control): "
-                        "how far two identical servers read apart in each cell, beside the throughput check; "
-                        "--policies: a second plain configuration in every cell, the same way")
-    b.add_argument("--vllm-eager", action="store_true",
-                   help="--serve-experiment: start vLLM with --enforce-eager (no torch.compile warm-up: each server "
-                        "starts ~25 s sooner on 2 cores but runs slower; for checking verdicts and counters, not for "
-                        "throughput)")
-    b.add_argument("--vllm-configs", default=None,
-                   help=f"--serve-experiment: vLLM servers to run (default {','.join(VLLM_KINDS)})")
+def build_parser():
+    from benchmarks._cli import add_flags, parser
+
+    p = parser("serve_experiment", "The serving experiment: speclab serve plain, fixed k and the adaptive policies "
+               "(and vLLM when its venv is present) under speclab load at rising concurrency on json, code and "
+               "tech_prose; pacing verdicts, crossover and checks (about 10 minutes; --full: more).")
+    add_flags(p, "target", "draft", "k", "workload", "max_new_tokens", "reps", "full", "seed", "threads", "out",
+              "quiet", draft=dict(help="the draft of the speculative servers (default draft-xs-distill)"),
+              reps=dict(help="interleaved repetitions per cell, every speclab server in turn (default 1)"))
+    p.add_argument("--concurrency", default=None, help=f"concurrency levels (default {','.join(map(str, LEVELS))})")
+    p.add_argument("--requests", type=int, default=None, help="requests per cell")
+    p.add_argument("--policy", dest="policy_list", default=None, metavar="NAME,...",
+                   help="the adaptive policies besides plain and fixed k (default every one; 'none' for neither)")
+    p.add_argument("--length-spread", type=float, default=0.5, help="each request's token budget drawn uniformly "
+                   "from max-new-tokens x [1 - s, 1 + s] (default 0.5; the same draws for every server)")
+    p.add_argument("--batch-table", default=None, metavar="TABLE",
+                   help=f"the batch-table policy's table, also vLLM's num_speculative_tokens_per_batch_size "
+                        f"(default {CPU_TABLE})")
+    p.add_argument("--control", action="store_true", help="add a second plain speclab server to the rotation (the "
+                   "A/A control): how far two identical servers read apart in each cell")
+    p.add_argument("--no-speclab", action="store_true", help="only vLLM")
+    p.add_argument("--no-split", action="store_true", help="no --stream-split-tokens servers")
+    p.add_argument("--no-vllm", action="store_true", help="leave vLLM out")
+    p.add_argument("--vllm-venv", default=None, metavar="PATH", help="vLLM's venv (default $SPECLAB_VLLM_VENV or "
+                   "/work/vllm-venv)")
+    p.add_argument("--vllm-eager", action="store_true", help="start vLLM with --enforce-eager (no torch.compile "
+                   "warm-up: quicker to start, slower to run; for checking verdicts and counters, not throughput)")
+    p.add_argument("--vllm-configs", default=None, help=f"vLLM servers to run (default {','.join(VLLM_KINDS)})")
+    return p
 
 
 def spec_from_args(args) -> ExperimentSpec:
-    from ..defaults import default_target
-    from ..load.shapes import check_spread, concurrency_levels
-    from ..workloads import workload_names
+    from speclab.defaults import default_target
+    from speclab.load.shapes import check_spread, concurrency_levels
+    from speclab.workloads import workload_names
 
     full = bool(args.full)
     levels = ([int(lv.value) for lv in concurrency_levels(args.concurrency)] if args.concurrency
@@ -489,7 +499,7 @@ def spec_from_args(args) -> ExperimentSpec:
 
 
 def run_from_args(args) -> int:
-    from .serve_report import format_report, save_charts
+    from benchmarks.serve_report import format_report, save_charts
 
     spec = spec_from_args(args)
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
@@ -499,7 +509,16 @@ def run_from_args(args) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1, default=list))
         print(f"wrote {args.json}")
-    if args.charts:
-        for p in save_charts(result, args.charts):
-            print(f"wrote {p}")
+    for p in save_charts(result, str(Path(args.json).parent / "serve_experiment_charts")):
+        print(f"wrote {p}")
     return 0 if result["cells"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks._cli import run
+
+    return run(build_parser(), run_from_args, argv, "serve_experiment")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

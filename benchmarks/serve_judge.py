@@ -1,5 +1,5 @@
-"""Judging the seed experiment (``speclab bench --serve-experiment``): what each server really did, what
-its pacing should therefore read, and the issue's checks (pure functions over the experiment's cells).
+"""Judging the serving experiment (``python benchmarks/serve_experiment.py``): what each server really did, what
+its pacing should therefore read, and the experiment's checks (pure functions over the experiment's cells).
 
 A *cell* is one server configuration x workload x load level, as :mod:`.serve_experiment` builds it:
 ``server`` (a name), ``role`` ("plain", "fixed", "lookup" or "adaptive"), ``split``, ``workload``,
@@ -30,7 +30,7 @@ servers bursty at every level whatever they accepted; adaptive and n-gram server
   levels say (adaptive when it switched off as load rose; a level in the ambiguous band may go either
   way, so any verdict those choices allow is accepted);
 * ``throughput``: each adaptive server's output tokens/s at each level >= ``THROUGHPUT_TARGET`` (0.95)
-  x the better of plain and fixed k on the same engine and workload (the issue's target); with the A/A
+  x the better of plain and fixed k on the same engine and workload (the target); with the A/A
   control (a second plain server in the rotation, :func:`control_rows`), each row also carries how far two
   identical servers read apart in that cell;
 * ``acceptance``: the scraped ``/metrics`` window equals the engine's own counters: for speclab the sums
@@ -45,7 +45,7 @@ import itertools
 import re
 import statistics
 
-from ..load.fingerprint import verdict_of_calls
+from speclab.load.fingerprint import verdict_of_calls
 
 SPEC_ON = 0.25
 SPEC_OFF = 0.03

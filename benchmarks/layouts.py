@@ -1,4 +1,4 @@
-"""``speclab bench --layouts``: which matmul weight layout is faster on this CPU, per number of activation
+"""``python benchmarks/layouts.py``: which matmul weight layout is faster on this CPU, per number of activation
 rows, and what the engine's choice (:data:`speclab.models.native_llama.FEW_ROWS`) buys end to end.
 
 1. **Forwards.** For each model (the target and the draft) and each shape (rows x tokens), one cached
@@ -9,10 +9,16 @@ rows, and what the engine's choice (:data:`speclab.models.native_llama.FEW_ROWS`
    engine before the choice), interleaved, by this process's CPU time: plain decoding and speculative at
    each k, at each batch size. Outputs must be identical between the two (the check is printed).
 
-Prints two tables and writes JSON (``--json``).
+Prints two tables and writes JSON (``--out DIR``).
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python benchmarks/NAME.py`: its siblings import as the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
 import json
@@ -20,7 +26,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ..tables import num
+from speclab.tables import num
 
 SHAPES = ((1, 1), (1, 2), (1, 3), (1, 5), (2, 1), (4, 1), (8, 1), (2, 5), (12, 1), (16, 1), (32, 1), (8, 5))
 
@@ -28,7 +34,7 @@ SHAPES = ((1, 1), (1, 2), (1, 3), (1, 5), (2, 1), (4, 1), (8, 1), (2, 5), (12, 1
 @contextlib.contextmanager
 def rows_on_linear(lo: int, hi: int):
     """Within the block, matmuls with lo..hi activation rows use F.linear(x, W) (models with both layouts)."""
-    from ..models import native_llama
+    from speclab.models import native_llama
 
     old = native_llama.FEW_ROWS
     native_llama.FEW_ROWS = (lo, hi)
@@ -77,8 +83,8 @@ def time_forwards(lm, shapes, reps: int, context: int = 80) -> list[dict]:
 
 def end_to_end(target, drafter, prompts: list[str], batches, ks, reps: int, max_new_tokens: int) -> list[dict]:
     """Per (batch, k): tokens/s by process CPU time with the engine's choice and with W^T everywhere."""
-    from ..engine import SpeculativeDecoder
-    from ..models import native_llama
+    from speclab.engine import SpeculativeDecoder
+    from speclab.models import native_llama
 
     dec = SpeculativeDecoder(target, drafter)
     modes = {"chosen": native_llama.FEW_ROWS, "w_t_only": NEVER}
@@ -105,16 +111,16 @@ def end_to_end(target, drafter, prompts: list[str], batches, ks, reps: int, max_
 
 
 def run_layouts_bench(args) -> int:
-    from ..defaults import default_draft, default_target, setup_threads
-    from ..drafters import make_drafter
-    from ..models import load_model, native_llama
-    from ..workloads import load_workload
-    from .sweep import cached_model
+    from speclab.analysis.sweep import cached_model
+    from speclab.defaults import default_draft, default_target, setup_threads
+    from speclab.drafters import make_drafter
+    from speclab.models import load_model, native_llama
+    from speclab.workloads import load_workload
 
     target = load_model(args.target or default_target(), device="cpu", role="target")
     setup_threads(args.threads, target)
     if target.native is None:
-        print("speclab bench --layouts: the target does not run on the native backend; nothing to compare")
+        print("benchmarks/layouts.py: the target does not run on the native backend; nothing to compare")
         return 1
     draft_name = args.draft or default_draft()
     drafter = make_drafter(draft_name, target, load=cached_model)
@@ -155,3 +161,21 @@ def run_layouts_bench(args) -> int:
                                                "workload": wl, "draft": draft_name}, indent=1))
         print(f"wrote {args.json}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks._cli import add_flags, parser, run
+
+    p = parser("layouts", "Matmul weight layouts on the CPU: forwards per number of rows, and generate with the "
+               "engine's choice against W^T everywhere.")
+    add_flags(p, "target", "draft", "workload", "ks", "batches", "max_new_tokens", "reps", "threads", "out",
+              workload=dict(help="the workload of the end-to-end runs (default json)"),
+              ks=dict(help="draft lengths, 0 for plain decoding (default 0,2,4)"),
+              batches=dict(help="batch sizes (default 1,4)"),
+              reps=dict(help="interleaved repetitions: forwards (default 15), and a third of it for generate "
+                             "(default 6)"))
+    return run(p, run_layouts_bench, argv, "layouts")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,13 @@ kernel's blocked scan and the reference's sequential one draw the same token.
 
 Reference: :func:`speclab.engine.acceptance.rejection_sample` (same inputs, same outputs). The kernel
 reads each row's probabilities once per vocabulary block and writes two integers; the reference
-materialises a (B, V) residual. Used by the decoder on CUDA when Triton is installed.
+materialises a (B, V) residual. The engine calls it through
+:func:`speclab.engine.acceptance.fused_rejection_sample` on CUDA when Triton is installed.
+
+This folder imports nothing of speclab (the engine imports it, never the other way), and it is no
+top-level package: ``kernels`` is the name of Hugging Face's kernel library, which transformers imports.
+An install maps the folder to ``speclab.kernels`` (setup.py); a checkout finds it the same way
+(speclab/__init__.py).
 
 Offsets are int64 (:func:`row_offset`): a (B, K+1, V) tensor passes 2^31 elements at realistic sizes
 (e.g. B = 1800, K = 7, V = 152064), where int32 element offsets wrap and read another row's memory.
@@ -116,13 +122,10 @@ if HAVE_TRITON:
         tl.store(out_tok_ptr + b, found)
 
 
-def fused_rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next,
-                           block_v: int | None = None):
-    """Same contract as :func:`speclab.engine.acceptance.rejection_sample`; falls back to it without Triton."""
-    from ..engine.acceptance import RESIDUAL_EPS_FIXED, AcceptResult, rejection_sample
-
-    if not triton_available(target_probs.device):
-        return rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next)
+def rejection_counts(draft_tokens, draft_probs, target_probs, num_draft, uniform_accept, uniform_next,
+                     min_mass: int, block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel on the reference's inputs: (num_accepted, next_token), both (B,) int64. ``min_mass`` is the
+    fixed-point mass below which a residual counts as empty and the target's distribution is sampled instead."""
     B, K = draft_tokens.shape
     V = target_probs.shape[-1]
     if block_v is None:
@@ -134,6 +137,6 @@ def fused_rejection_sample(draft_tokens, draft_probs, target_probs, num_draft, u
     dt = draft_tokens.contiguous() if K > 0 else torch.zeros(B, 1, dtype=torch.long, device=tp.device)
     ua = uniform_accept.float().contiguous() if K > 0 else torch.zeros(B, 1, device=tp.device)
     _rejection_kernel[(B,)](dt, dp, tp, num_draft.contiguous(), ua, uniform_next.float().contiguous(),
-                            out_n, out_tok, K, V, RESIDUAL_EPS_FIXED,
+                            out_n, out_tok, K, V, min_mass,
                             HAS_DRAFT_PROBS=draft_probs is not None and K > 0, BLOCK_V=block_v)
-    return AcceptResult(out_n, out_tok, out_n == num_draft)
+    return out_n, out_tok

@@ -1,4 +1,4 @@
-"""``speclab bench --tracker-fit``: how well the acceptance tracker predicts acceptance, per setting.
+"""``python benchmarks/tracker_fit.py``: how well the acceptance tracker predicts acceptance, per setting.
 
 The adaptive policies decide from :class:`~speclab.engine.policies.AcceptanceTracker`'s per-row, per-position
 estimates; its forgetting rate (``decay``) and its pull toward the population (``prior_weight``) trade a row
@@ -10,11 +10,17 @@ tracker's defaults come from this fit (docs/policies.md)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python benchmarks/NAME.py`: its siblings import as the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import json
 import math
 import time
 
-from ..engine.policies import POSITION_PRIORS, AcceptanceTracker, PolicyView, RowView
+from speclab.engine.policies import POSITION_PRIORS, AcceptanceTracker, PolicyView, RowView
 
 GRID_DECAY = (0.8, 0.9, 0.95, 0.98)
 GRID_WEIGHT = (1.0, 2.0, 4.0, 8.0, 16.0)
@@ -79,11 +85,11 @@ def fit_table(histories: dict[str, list], k_max: int, concurrency: int = CONCURR
 def record_histories(target, drafter_name: str, workloads: list[str], ks: list[int], concurrency: int,
                      max_new_tokens: int, prompts: int | None = None) -> dict[str, list]:
     """(drafted, accepted) per round of every request, greedy, fixed k, per 'workload:k'."""
-    from ..drafters import make_drafter
-    from ..engine import make_policy
-    from ..workloads import load_workload
-    from .bench_runs import at_concurrency
-    from .sweep import cached_model
+    from speclab.analysis.bench_runs import at_concurrency
+    from speclab.analysis.sweep import cached_model
+    from speclab.drafters import make_drafter
+    from speclab.engine import make_policy
+    from speclab.workloads import load_workload
 
     out = {}
     for wl in workloads:
@@ -97,13 +103,13 @@ def record_histories(target, drafter_name: str, workloads: list[str], ks: list[i
 
 
 def run_tracker_fit(args) -> int:
-    from ..defaults import default_draft, setup_threads
-    from ..models import load_model
+    from speclab.defaults import default_draft, setup_threads
+    from speclab.models import load_model
 
     t0 = time.perf_counter()
     target = load_model(args.target or "target", device=args.device or "cpu", role="target")
     setup_threads(args.threads, target)
-    drafter = (args.drafter or [None])[0] or default_draft()
+    drafter = args.draft or default_draft()
     workloads = [w for w in (args.workload or "json,code,tech_prose").split(",") if w]
     ks = [int(x) for x in (args.ks or "1,2,4").split(",")]
     hist = record_histories(target, drafter, workloads, ks, CONCURRENCY, args.max_new_tokens,
@@ -128,3 +134,18 @@ def run_tracker_fit(args) -> int:
                        "max_new_tokens": args.max_new_tokens, "histories": hist}, f)
         print(f"wrote {args.json}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks._cli import add_flags, parser, run
+
+    p = parser("tracker_fit", "The acceptance tracker's settings scored by log-loss on fixed-k histories (no "
+               "timing).")
+    add_flags(p, "target", "draft", "workload", "ks", "max_new_tokens", "prompts", "device", "threads", "out",
+              workload=dict(help="workloads (default json,code,tech_prose)"), ks=dict(help="fixed k values of the "
+              "recorded histories (default 1,2,4)"))
+    return run(p, run_tracker_fit, argv, "tracker_fit")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,13 +1,13 @@
-"""The seed experiment's result as text and Altair charts (``speclab bench --serve-experiment`` and
-notebook 06). Everything here reads the result dict of :func:`speclab.analysis.serve_experiment.
-run_experiment`; charts are built on :mod:`speclab.load.charts`."""
+"""The serving experiment's result as text and Altair charts (``python benchmarks/serve_experiment.py`` and
+notebook 06). Everything here reads the result dict of :func:`benchmarks.serve_experiment.run_experiment`; charts
+are built on :mod:`speclab.load.charts`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..tables import num
-from .serve_judge import did_letter
+from benchmarks.serve_judge import did_letter
+from speclab.tables import num
 
 LETTER = {"bursty": "B", "smooth": "S", "late": "L", "unknown": "?"}
 
@@ -185,7 +185,7 @@ def format_report(result: dict) -> str:
 
 def load_charts(result: dict, engine: str = "speclab", workload: str | None = None):
     """Throughput and p95 TPOT against concurrency, one line per server (split-token runs left out)."""
-    from ..load.charts import load_chart
+    from speclab.load.charts import load_chart
 
     wl = workload or result["settings"]["workloads"][0]
     rows = [{"value": c["concurrency"], "server": c["server"], "tok_s": c["tok_s"], "tpot_p95_ms": c["tpot_p95_ms"],
@@ -204,7 +204,7 @@ def pacing_charts(result: dict, engine: str = "speclab", workload: str | None = 
     """Per server, one request's tokens against time at the lowest and the highest load, side by side."""
     import altair as alt
 
-    from ..load.charts import pacing_strip
+    from speclab.load.charts import pacing_strip
 
     wl = workload or result["settings"]["workloads"][0]
     rows = []
@@ -237,7 +237,7 @@ def calls_chart(result: dict, engine: str | None = None):
     df = pd.DataFrame(rows)
     df["label"] = df["mark"] + df["check"].map({"failed": " ✗", "ok": ""})
     scale = alt.Scale(domain=["bursty", "smooth", "late", "unknown"],
-                      range=["#d4760a", "#0969da", "#8250df", "#8c959f"])
+                      range=["#d4760a", "rgb(9, 105, 218)", "rgb(130, 80, 223)", "#8c959f"])
     order = list(dict.fromkeys(df["server"]))
     base = alt.Chart(df).encode(x=alt.X("concurrency:O", title="concurrency"),
                                 y=alt.Y("server:N", sort=order, title=None))

@@ -1,4 +1,4 @@
-"""``speclab advise --check-cpu``: does the cost model predict the speedups measured on this machine?
+"""``python benchmarks/cpucheck.py``: does the cost model predict the speedups measured on this machine?
 
 In one run, for each workload and each batch size: time the engine's forwards per shape (target at
 rows x {1, k+1} tokens, one draft step at each row count), run plain and speculative decoding on the
@@ -23,16 +23,22 @@ the measured ``cpu`` preset with one per-forward overhead fitted to the timed on
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python benchmarks/NAME.py`: its siblings import as the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import json
 import statistics
 import time
 from pathlib import Path
 
-from ..errors import SpeclabError
-from ..tables import num
-from .costmodel import MeasuredCosts, interleaved_times
+from speclab.analysis.costmodel import MeasuredCosts, interleaved_times
+from speclab.errors import SpeclabError
+from speclab.tables import num
 
-TOLERANCE = 0.20  # the issue's target: predictions within 20% of the measured speedups
+TOLERANCE = 0.20  # the target: predictions within 20% of the measured speedups
 
 
 def _run(dec, group, k: int, n: int, kw: dict, clock) -> tuple[float, list[dict]]:
@@ -160,23 +166,23 @@ def check_cpu(target: str | None = None, draft: str | None = None, workloads="al
     synthetic drafter (a draft step of exactly ``cost`` x the target step: a check of the cost side)."""
     import torch
 
-    from ..defaults import default_draft, default_target
-    from ..drafters import make_drafter
-    from ..engine import SpeculativeDecoder
-    from ..limits import check_batch, check_k, check_max_new_tokens
-    from ..workloads import load_workload, workload_names
-    from .costmodel import tokens_per_round
-    from .roofline import ModelShape, RooflineCosts, fit_overhead, hardware
-    from .sweep import cached_model, new_drafter
+    from speclab.analysis.costmodel import tokens_per_round
+    from speclab.analysis.roofline import ModelShape, RooflineCosts, fit_overhead, hardware
+    from speclab.analysis.sweep import cached_model, new_drafter
+    from speclab.defaults import default_draft, default_target
+    from speclab.drafters import make_drafter
+    from speclab.engine import SpeculativeDecoder
+    from speclab.limits import check_batch, check_k, check_max_new_tokens
+    from speclab.workloads import load_workload, workload_names
 
     log = log or (lambda *a: None)
     k = check_k(k)
     if k == 0:
-        raise SpeclabError("--check-cpu needs k >= 1 (k = 0 is the baseline it compares against)")
+        raise SpeclabError("the CPU check needs k >= 1 (k = 0 is the baseline it compares against)")
     batches = sorted({check_batch(b, 64) for b in batches})
     N = check_max_new_tokens(max_new_tokens)
     if N < 8:
-        raise SpeclabError("--check-cpu needs --max-new-tokens of at least 8 (a few rounds per row)")
+        raise SpeclabError("the CPU check needs --max-new-tokens of at least 8 (a few rounds per row)")
     if clock not in ("process", "wall"):
         raise SpeclabError(f"--clock must be 'process' or 'wall', got '{clock}'")
     names = workload_names(workloads)
@@ -185,7 +191,7 @@ def check_cpu(target: str | None = None, draft: str | None = None, workloads="al
     draft_name = draft or default_draft()
     model_drafter = new_drafter(draft_name, tgt)
     if model_drafter is None or getattr(model_drafter, "lm", None) is None:
-        raise SpeclabError(f"--check-cpu needs a draft model (got '{draft_name}'): its step cost is timed")
+        raise SpeclabError(f"the CPU check needs a draft model (got '{draft_name}'): its step cost is timed")
     dlm = model_drafter.lm
     cpu = hardware("cpu")  # raises with the command to run when the preset was never measured
     tshape, dshape = ModelShape.from_lm(tgt), ModelShape.from_lm(dlm)
@@ -228,7 +234,7 @@ def check_cpu(target: str | None = None, draft: str | None = None, workloads="al
         cells += _cells(label, run, costs, None, k, N, batches, lambda x: x["accepted"] / x["rounds"] + 1
                         if x["rounds"] else 1.0, log)
     ok = all(c["within_tolerance"] for c in cells if not c["workload"].startswith("synthetic:"))
-    return {"command": command or "speclab advise --check-cpu",
+    return {"command": command or "python benchmarks/cpucheck.py",
             "date": time.strftime("%Y-%m-%d %H:%M"), "target": tgt.name, "draft": dlm.name, "k": k,
             "batches": batches, "workloads": names, "max_new_tokens": max_new_tokens, "reps": reps, "clock": clock,
             "threads": torch.get_num_threads(), "cpu_preset": {"bandwidth": cpu.bandwidth, "peak_flops": cpu.peak_flops,
@@ -260,3 +266,49 @@ def write_json(rep: dict, path: str) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(rep, indent=2) + "\n", encoding="utf-8")
     return p
+
+
+def run_from_args(args) -> int:
+    import math
+
+    from speclab.limits import parse_numbers
+
+    batches = parse_numbers(args.batches, "--batches", integer=True)
+    synthetic = []
+    for part in (args.synthetic or "").split(","):
+        if part.strip():
+            try:
+                alpha, cost = map(float, part.split(":"))  # two numbers, or a ValueError
+            except ValueError:
+                alpha = cost = math.nan
+            if not (math.isfinite(alpha) and math.isfinite(cost)):
+                raise SpeclabError(f"--synthetic wants ALPHA:COST[,ALPHA:COST...], got '{part}'")
+            synthetic.append((alpha, cost))
+    log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    command = "python benchmarks/cpucheck.py " + " ".join(sys.argv[1:])
+    rep = check_cpu(args.target, args.draft, args.workload, args.k, batches, args.max_new_tokens, reps=args.reps,
+                    clock=args.clock, synthetic=synthetic, log=log, command=command)
+    print(format_check(rep))
+    print(f"wrote {write_json(rep, args.json)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks._cli import add_flags, parser, run
+
+    p = parser("cpucheck", "Predicted against measured speedups of the embedded family on this CPU, measured in "
+               "this run; `speclab advise --from` reads its JSON.")
+    add_flags(p, "target", "draft", "workload", "k", "batches", "max_new_tokens", "reps", "clock", "out", "quiet",
+              workload=dict(default="all", help="workloads ('all' or a comma list)"),
+              batches=dict(default="1,8", help="batch sizes (the smallest and the largest matter; default 1,8)"),
+              max_new_tokens=dict(default=48, help="tokens per row (default 48)"),
+              reps=dict(default=3, help="interleaved repetitions (default 3)"),
+              clock=dict(default="process", help="this process's CPU time (robust to other load; default) or "
+                                                 "wall time"))
+    p.add_argument("--synthetic", default=None, metavar="ALPHA:COST,...",
+                   help="extra cells with the synthetic drafter (known acceptance and cost)")
+    return run(p, run_from_args, argv, "cpucheck")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

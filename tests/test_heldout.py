@@ -1,0 +1,75 @@
+"""The held-out workloads: text the family never trained on, each prompt with its source, none of it in the
+training corpus, rebuilt the same by scripts/build_heldout.py, and shipped in the wheel."""
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from speclab.workloads import HELDOUT_WORKLOADS, list_workloads, load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+WINDOW, STRIDE = 32, 16  # any shared stretch of 47 characters covers one whole window
+
+
+def _rows(name):
+    return [json.loads(line) for line in (ROOT / "datasets" / f"{name}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", HELDOUT_WORKLOADS)
+def test_heldout_workload_loads_with_sources(name):
+    prompts = load_workload(name)
+    rows = _rows(name)
+    assert len(prompts) == len(rows) >= 20
+    assert len({p.prompt for p in prompts}) == len(prompts)
+    assert all("==" in r["source"] and ":" in r["source"] for r in rows)
+    assert name in list_workloads()
+
+
+def test_heldout_sources_are_not_the_standard_library():
+    # the corpus's code is the standard library's; the held-out code comes from installed packages
+    import sysconfig
+
+    stdlib = {p.stem for p in Path(sysconfig.get_paths()["stdlib"]).iterdir()}
+    for r in _rows("heldout_code"):
+        assert r["source"].split("==")[0] not in stdlib, r["source"]
+
+
+@pytest.mark.slow
+def test_no_heldout_prompt_occurs_in_the_training_corpus():
+    from speclab.family import load_manifest
+    from speclab.family.corpus import build_corpus
+
+    corpus = build_corpus(0)
+    info = load_manifest()
+    if info and info.get("corpus") != corpus.fingerprint():
+        pytest.skip("this Python's standard library builds a different corpus from the family's")
+    text = "\x00".join(d.text for d in corpus.train + corpus.heldout)
+    found = []
+    for name in HELDOUT_WORKLOADS:
+        for p in load_workload(name):
+            starts = range(0, max(1, len(p.prompt) - WINDOW + 1), STRIDE)
+            found += [(p.id, p.prompt[i:i + WINDOW]) for i in starts if p.prompt[i:i + WINDOW] in text]
+    assert not found, found[:5]
+
+
+@pytest.mark.slow
+def test_build_script_reproduces_the_files():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_heldout.py"), "--check"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_one_datasets_folder(tmp_path):
+    assert not (ROOT / "speclab" / "datasets").exists()  # one copy, at the top level
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = tmp_path.glob("speclab-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for p in (ROOT / "datasets").glob("*.jsonl"):
+        assert f"speclab/datasets/{p.name}" in names
