@@ -6,7 +6,8 @@ speedup on a rotation is its tokens/s over the first plain run's, and the table 
 rotations with the quartiles. The second plain run against the first is the A/A control: how far two
 identical configurations land apart on this machine at that moment.
 
-Methods: ``ngram`` (prompt lookup), ``suffix`` (a fresh drafter: only the request's own prompt and output),
+Methods: ``ngram`` (prompt lookup), ``suffix-match`` (the longest earlier match alone), ``suffix`` (suffix trees,
+a fresh drafter: only the request's own prompt and output),
 and ``suffix+cache`` (its global tree already holding the greedy outputs of the workload's *other* prompts,
 as a server's drafter would after serving them; never the prompt's own output). Acceptance = accepted /
 drafted tokens over all the runs of that method; tokens per round counts the bonus or recovered token.
@@ -23,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-METHODS = ("ngram", "suffix", "suffix+cache")
+METHODS = ("ngram", "suffix-match", "suffix", "suffix+cache")
 
 
 def _run(target, drafter, prompt: str, k: int, new: int) -> dict:
@@ -41,8 +42,8 @@ def _run(target, drafter, prompt: str, k: int, new: int) -> dict:
 def _drafter(method: str, target, spec_options: str, others: list[list[int]]):
     from speclab.drafters import make_drafter
 
-    if method == "ngram":
-        return make_drafter("ngram", target)
+    if method in ("ngram", "suffix-match"):
+        return make_drafter(method, target)
     d = make_drafter("suffix" + spec_options, target)
     if method == "suffix+cache":
         for out in others:

@@ -29,7 +29,7 @@ def cmd_presets(args) -> int:
 
 
 def cmd_models(args) -> int:
-    if args.presets:
+    if getattr(args, "presets", False):
         return cmd_presets(args)
     from ..drafters.catalog import drafter_entries, model_acceptance
     from . import list_models
