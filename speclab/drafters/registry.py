@@ -4,11 +4,13 @@ Spec strings: a name, then ``:``-separated options (keyword arguments win over t
 
     ngram                                  prompt lookup (a chain)
     ngram:tree=dynamic:nodes=8             prompt lookup, its matches merged into a tree of 8 nodes
+    suffix / suffix:depth=24:factor=1:min_prob=0.1:cache=1000   suffix decoding (suffix trees over the request
+                                           and earlier outputs, vLLM's method "suffix")
     draft-xs-distill:tree=dynamic:width=3  a draft model proposing EAGLE-2-style dynamic trees
     early-exit / early-exit:2 / early-exit:3:tuned   the target's first m layers (tuned: a trained exit)
     eagle / eagle:tree=dynamic:nodes=8     the EAGLE head (a chain, or a tree)
     medusa / medusa:tree=static:branch=3-2-1   the Medusa heads
-    suffix / suffix:min_match=2:factor=1   suffix decoding (longest earlier match, draft length follows it)
+    suffix-match / suffix-match:min_match=2:factor=1   the longest earlier match alone, draft length follows it
     eagle+suffix / eagle+suffix:min_match=3   the suffix draft where the context repeats, the EAGLE head elsewhere
 
 Tree options (every drafter but early exit): ``tree`` = chain | static | dynamic, ``nodes`` (budget cap;
@@ -30,9 +32,12 @@ from .trees import TreeShape
 
 NONE_NAMES = ("", "none", "off", "baseline")
 LOOKUP_NAMES = ("ngram", "prompt-lookup", "prompt_lookup", "pld")
+SUFFIX_NAMES = ("suffix", "suffix-decoding", "suffix_decoding")  # suffix trees (speclab.drafters.suffix_tree)
+SUFFIX_KEYS = {"depth": int, "max_depth": int, "factor": float, "offset": float, "min_prob": float, "cache": int,
+               "min_match": int}
+MATCH_NAMES = ("suffix-match",)  # the longest earlier match alone (speclab.drafters.suffix)
 EXIT_NAMES = ("early-exit", "early_exit", "layerskip")
 HEAD_NAMES = ("eagle", "medusa")
-SUFFIX_NAMES = ("suffix", "suffix-decoding")
 HYBRID_NAMES = ("eagle+suffix", "hybrid")
 TREE_KEYS = ("tree", "nodes", "branch", "width", "depth", "trunk")
 _OPTION = re.compile(r"^[a-z_]+=[^=]*$|^\d+$|^tuned$")
@@ -73,9 +78,9 @@ def _no_more(name: str, opts: dict) -> None:
 
 
 def make_drafter(spec: str | None, target, load=load_model, **kw):
-    """'none' (plain target decoding: returns None), 'ngram' (prompt lookup), 'early-exit[:m][:tuned]',
-    'eagle', 'medusa', or a draft model name / path / hub id (loaded with ``load``, e.g. a caching
-    loader), each with the options above. Every drafter is fresh: drafters keep per-run state, so they
+    """'none' (plain target decoding: returns None), 'ngram' (prompt lookup), 'suffix' (suffix decoding),
+    'early-exit[:m][:tuned]', 'eagle', 'medusa', or a draft model name / path / hub id (loaded with ``load``, e.g.
+    a caching loader), each with the options above. Every drafter is fresh: drafters keep per-run state, so they
     are never shared between runs."""
     if is_none(spec):
         return None
@@ -87,6 +92,17 @@ def make_drafter(spec: str | None, target, load=load_model, **kw):
         return PromptLookupDrafter(**{k: float(v) if k in ("recency", "decay") else int(v) for k, v in opts.items()},
                                    tree=tree)
     if low in SUFFIX_NAMES:
+        from .suffix_tree import SuffixTreeDrafter
+
+        args = {key: opts.pop(key) for key in SUFFIX_KEYS if key in opts}
+        _no_more(base, opts)
+        if "max_depth" in args:
+            args["depth"] = args.pop("max_depth")
+        try:
+            return SuffixTreeDrafter(**{key: SUFFIX_KEYS[key](v) for key, v in args.items()})
+        except ValueError as e:
+            raise SpeclabError(f"drafter 'suffix': bad option value ({e})") from None
+    if low in MATCH_NAMES:
         from .suffix import SuffixDrafter
 
         args = {k: float(v) if k == "factor" else int(v) for k, v in opts.items()

@@ -56,21 +56,33 @@ def cmd_models(args) -> int:
     return 0
 
 
-def _print_acceptance(rows: list[dict]) -> None:
-    """Acceptance per workload (greedy, k = 4, measured on the shipped family) of every drafter measured."""
-    from ..drafters.catalog import measured_acceptance
+NOT_DRAFTERS = ("target", "mismatched")  # shipped models that draft for nothing
 
-    measured = [r for r in rows if r["acceptance"]]
-    if not measured:
+
+def _print_acceptance(rows: list[dict]) -> None:
+    """Acceptance per workload (greedy, k = 4, measured on the shipped family) of every drafter: "not measured"
+    where the catalog's file has no figures for it, never a guess."""
+    from ..drafters.catalog import ACCEPTANCE_PATH, measured_acceptance
+
+    drafters = [r for r in rows if r["role"] not in NOT_DRAFTERS]
+    if not drafters:
         return
-    wls = list(dict.fromkeys(w for r in measured for w in r["acceptance"]))
+    wls = list(dict.fromkeys(w for r in drafters for w in r["acceptance"]))
     info = measured_acceptance()
-    print(f"\nacceptance (greedy, k = {info.get('k', 4)}, {info.get('prompts_per_workload', '?')} prompts per "
-          f"workload; {info.get('command', '')})")
-    nw = max(len(r["name"]) for r in measured)
+    if wls:
+        print(f"\nacceptance (greedy, k = {info.get('k', 4)}, {info.get('prompts_per_workload', '?')} prompts per "
+              f"workload; {info.get('command', '')})")
+    else:
+        print(f"\nacceptance: not measured yet ({ACCEPTANCE_PATH.name} is absent)")
+    nw = max(len("drafter"), *(len(r["name"]) for r in drafters))
     print("drafter".ljust(nw) + "".join(f"{w.replace('heldout_', 'held-out ')[:14]:>15}" for w in wls))
-    for r in measured:
-        print(r["name"].ljust(nw) + "".join(f"{r['acceptance'].get(w, float('nan')):>15.2f}" for w in wls))
+    for r in drafters:
+        acc = r["acceptance"]
+        cells = "".join(f"{acc[w]:>15.2f}" if w in acc else f"{'-':>15}" for w in wls) if acc else "   not measured"
+        print(r["name"].ljust(nw) + cells)
+    if any(not r["acceptance"] for r in drafters):
+        print("not measured: `python -m speclab.analysis.drafter_acceptance` measures every drafter and writes "
+              f"speclab/drafters/{ACCEPTANCE_PATH.name}")
 
 
 def cmd_train(args) -> int:

@@ -5,6 +5,7 @@ draft-length policy built from it.
 
     {"method": "draft_model", "model": "draft-xs-distill", "num_speculative_tokens": 4}
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    {"method": "suffix", "num_speculative_tokens": 4}   (suffix decoding, speclab.drafters.suffix_tree)
     {"method": "synthetic", "model": "synthetic:0.8", "num_speculative_tokens": 4}   (speclab only)
 
 ``method`` may be left out: "ngram" when ``model`` is "ngram", else "draft_model". ``num_speculative_tokens``
@@ -24,7 +25,7 @@ from pathlib import Path
 from ..errors import SpeclabError
 from ..limits import MAX_K, check_int
 
-METHODS = ("draft_model", "ngram", "synthetic")
+METHODS = ("draft_model", "ngram", "suffix", "synthetic")
 KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
 DEFAULT_K = 4
 OFF_WORDS = ("none", "null", "off", "")
@@ -108,6 +109,8 @@ def parse_speculative_config(text: str | None, default: SpecConfig | None = None
         from ..defaults import default_draft
 
         model = default_draft()
+    if method == "suffix":  # the drafter's spec string; its knobs: "model": "suffix:depth=24:min_prob=0.1"
+        model = model if model and model.startswith("suffix") else "suffix"
     if method == "synthetic":
         model = model if model and model.startswith("synthetic") else f"synthetic:{model}" if model else "synthetic"
     return SpecConfig(method, model, k)
