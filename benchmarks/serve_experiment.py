@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python benchmarks/NAME.py`: its siblings import as the benchmarks package
+if __package__ in (None, ""):  # run as `python benchmarks/NAME.py`: the root on the path, siblings as benchmarks.NAME
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import json

@@ -37,7 +37,7 @@ def _kernels_folder() -> None:
         return
     spec = ModuleSpec(__name__ + ".kernels", None, is_package=True)
     spec.submodule_search_locations = [str(folder)]
-    sys.modules[spec.name] = module_from_spec(spec)
+    sys.modules[spec.name] = globals()["kernels"] = module_from_spec(spec)  # bound too, as an import would bind it
 
 
 _kernels_folder()

@@ -22,7 +22,7 @@ RESET = "\x1b[0m"
 PLAIN_LEGEND = ("legend (no colour: stdout is not a terminal): [-text-] is a rejected draft, shown where it was "
                 "proposed and not part of the output; every other token is output as is (--colour for colours)")
 # packages that register subcommands with add_commands(subparsers)
-COMMANDS = ("speclab.family.cli", "speclab.analysis.cli", "speclab.analysis.drafting_cli",
+COMMANDS = ("speclab.family.cli", "speclab.analysis.cli",
             "speclab.analysis.advisor_cli", "speclab.serve.cli", "speclab.load.cli")
 
 

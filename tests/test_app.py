@@ -640,8 +640,8 @@ def test_space_builds_from_requirements_and_decodes(tmp_path):
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "space_check"
-    r = subprocess.run([sys.executable, str(script), "--venv", str(tmp_path / "venv")], capture_output=True,
-                       text=True, timeout=1500)
+    r = subprocess.run([sys.executable, str(script), "--venv", str(tmp_path / "venv"), "--timeout", "600"],
+                       capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[ok] the Space builds and serves" in r.stdout and "torch 2.13.0" in r.stdout and "(CPU)" in r.stdout
     assert "one Decode run returned" in r.stdout

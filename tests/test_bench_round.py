@@ -55,24 +55,13 @@ def test_round_events_split_acceptance_from_bookkeeping():
     assert seen and all({"draft", "verify", "accept", "bookkeeping", "other"} <= set(t) for t in seen)
 
 
-def test_bench_round_and_heldout_join_the_bench_subcommands():
-    """Where ``bench`` has subcommands, ``round`` and ``heldout`` join them; where it has none, nothing changes."""
-    import argparse
+def test_bench_round_and_heldout_are_bench_subcommands():
+    from speclab.analysis import bench_heldout, bench_round
+    from speclab.cli import build_parser
 
-    from speclab.analysis.drafting_cli import _run_heldout, _run_round, add_commands
-
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers(dest="command")
-    bench = sub.add_parser("bench")
-    modes = bench.add_subparsers(dest="mode", required=True)
-    modes.add_parser("acceptance")
-    bench.set_defaults(func="the bench runner")
-    add_commands(sub)
+    p = build_parser()
     args = p.parse_args(["bench", "round", "--draft", "ngram", "--k", "3"])
-    assert args.mode == "round" and args.func is _run_round and args.draft == "ngram" and args.k == 3
+    assert args.mode == "round" and args.func is bench_round.run_from_args and args.draft == "ngram" and args.k == 3
     args = p.parse_args(["bench", "heldout", "--methods", "eagle"])
-    assert args.func is _run_heldout and args.methods == "eagle"
-    assert p.parse_args(["bench", "acceptance"]).func == "the bench runner"
-    flat = argparse.ArgumentParser().add_subparsers()
-    flat.add_parser("bench")
-    add_commands(flat)  # no subcommands to join: nothing added, no error
+    assert args.func is bench_heldout.run_from_args and args.methods == "eagle"
+    assert p.parse_args(["bench", "acceptance"]).func.__name__ == "cmd_bench"

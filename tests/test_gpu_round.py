@@ -93,6 +93,7 @@ def test_restore_replays_the_same_rounds(models):
     assert r.time_whole(3, graphs=False) > 0
 
 
+@pytest.mark.slow  # torch.compile traces each shape (seconds each on a loaded CPU)
 def test_compiled_forwards_give_the_same_tokens(models):
     target, drafts, prompts, ref = models
     r = gpu_round.DeviceRound(target, drafts["near"], prompts.shape[0], 2, P + (NEW + 1) * 3 + 1, compile="eager")

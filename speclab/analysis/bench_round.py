@@ -103,6 +103,8 @@ def draft_weights(drafter, target) -> list:
     if lm is not None:
         return matmul_weights(lm)
     module = getattr(drafter, "head", None) or getattr(drafter, "heads", None)
+    if module is not None and not isinstance(module, torch.nn.Module):  # a drafter wrapping a head drafter
+        return draft_weights(module, target)
     if isinstance(module, torch.nn.Module):
         ws = [p.t() for p in module.parameters() if p.dim() == 2]
         return ws + matmul_weights(target)[:1]  # the LM head

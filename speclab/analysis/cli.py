@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .flags import add_flags, out_path
 
-SUBCOMMANDS = ("acceptance", "compare", "serve", "policies", "synthetic", "heads")
+SUBCOMMANDS = ("acceptance", "compare", "serve", "policies", "synthetic", "heads", "round", "heldout")
 
 
 def check_numbers(args) -> None:
@@ -200,12 +200,30 @@ def _heads_parser(sub) -> None:
 
 def add_commands(subparsers) -> None:
     """Register ``bench`` and its subcommands on an argparse subparsers object."""
-    b = subparsers.add_parser("bench", help="benchmarks: acceptance, compare, serve, policies, synthetic, heads",
+    b = subparsers.add_parser("bench", help="benchmarks: acceptance, compare, serve, policies, synthetic, heads, round, heldout",
                               description="One subcommand per benchmark: each prints a table and writes its JSON "
                                           "into --out DIR (default results/). One-off experiments live in "
                                           "benchmarks/ (python benchmarks/NAME.py --help).")
     sub = b.add_subparsers(dest="mode", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for make in (_acceptance_parser, _compare_parser, _serve_parser, _policies_parser, _synthetic_parser,
-                 _heads_parser):
+                 _heads_parser, _round_parser, _heldout_parser):
         make(sub)
     b.set_defaults(func=cmd_bench)
+
+
+def _round_parser(sub) -> None:
+    from . import bench_round
+
+    p = sub.add_parser("round", help="one speculative round phase by phase (draft, verify, accept, bookkeeping, "
+                       "other), each beside the floor measured on this machine")
+    bench_round.add_arguments(p)
+    p.set_defaults(func=bench_round.run_from_args)  # its own runner: --out is a folder it writes round.json into
+
+
+def _heldout_parser(sub) -> None:
+    from . import bench_heldout
+
+    p = sub.add_parser("heldout", help="every drafter against plain decoding on the held-out workloads (batch 1, "
+                       "greedy, interleaved, with an A/A control)")
+    bench_heldout.add_arguments(p)
+    p.set_defaults(func=bench_heldout.run_from_args)

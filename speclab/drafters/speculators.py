@@ -19,6 +19,10 @@ The residual stream of the layer is g (``norm_before_residual``: the normed g). 
 exactly that and plugs into speclab's :class:`~speclab.drafters.heads.EagleDrafter` (the same fuse / qkv / finish
 steps as the family's head, its own LM head), so a published head drafts for a native Llama target here.
 
+The head's rotary embedding is the plain one at its ``rope_theta`` (a ``rope_scaling`` in its layer config is not
+applied: that changes how well it drafts, never the output, which the target verifies). The head reads the
+target's own token embedding; a shipped ``embed_tokens`` that differs from it is refused.
+
 ``eagle_aux_hidden_state_layer_ids`` count as vLLM does: id i is the hidden state *entering* decoder layer i,
 i.e. the output of layer i - 1 (speclab's feature index i - 1); without the field, vLLM's default (2, L/2, L-3).
 
