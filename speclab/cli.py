@@ -137,10 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--target", default=None, help="family name, local HF directory or hub id (default: target)")
     g.add_argument("--draft", default=None,
-                   help="draft model (family name, path, hub id), 'ngram' (prompt lookup), 'suffix' (suffix decoding), "
-                        "'eagle', 'medusa', 'early-exit', 'eagle+suffix', 'synthetic:A[:C]' or 'none' (`speclab models` "
-                        "lists them; default: eagle+suffix, the EAGLE head with suffix decoding, when the family's "
-                        "head is shipped)")
+                   help="draft model (family name, path, hub id), 'ngram' (prompt lookup), 'suffix' (suffix "
+                        "decoding), 'eagle', 'medusa', 'early-exit', 'eagle+suffix', 'synthetic:A[:C]' or 'none' "
+                        "(`speclab models` lists them; default: eagle+suffix, the EAGLE head with suffix decoding, "
+                        "when the family's head is shipped)")
     g.add_argument("-k", type=int, default=4, help="draft length, 0..32 (0 = plain decoding); with an adaptive "
                    "--policy, the largest k it may choose")
     g.add_argument("--policy", default=None, help="draft-length policy (default: fixed k)")

@@ -100,7 +100,7 @@ def _execute(path: Path, env: dict) -> tuple:
 
 @pytest.fixture(scope="session")
 def executed(request, notebook_env):
-    """Every notebook the session selected, run two at a time (each kernel has one torch thread, the machine two
+    """Every notebook this pytest run selected, run two at a time (each kernel has one torch thread, the machine two
     cores: the notebooks take half the wall time they take one after another)."""
     pytest.importorskip("nbclient")
     from concurrent.futures import ThreadPoolExecutor

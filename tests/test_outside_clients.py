@@ -10,7 +10,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -56,55 +55,39 @@ def test_continuous_usage_stats_give_a_running_usage_in_every_chunk(target):
     assert sent == 24 and chunks[-1]["usage"]["completion_tokens"] == 24  # the final usage chunk agrees
 
 
-def _serve(tmp_path: Path, port: int) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    log = open(tmp_path / "serve.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "speclab", "serve", "--port", str(port), "--threads", "1",
-                             "--disable-uvicorn-access-log"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+def _run_against_a_server(tmp_path: Path, make_command) -> dict:
+    """A fresh ``speclab serve`` (its defaults), ``make_command(url)`` run against it, and what the server counted
+    meanwhile (the window of its /metrics between before and after)."""
+    from serve_process import ServeProcess
 
+    from speclab.load import scrape
 
-def _healthy(url: str, proc: subprocess.Popen, timeout: float = 240.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the server exited"
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    pytest.fail("the server was not healthy")
+    srv = ServeProcess([], tmp_path / "serve.log")
+    try:
+        srv.wait_healthy()
+        before = scrape.parse(httpx.get(srv.url + "/metrics", timeout=30).text)
+        run = subprocess.run(make_command(srv.url), cwd=tmp_path, env=dict(os.environ, HF_HUB_OFFLINE="1"),
+                             capture_output=True, text=True, timeout=900)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        after = scrape.parse(httpx.get(srv.url + "/metrics", timeout=30).text)
+    finally:
+        srv.close()
+    return scrape.window(before, after)
 
 
 @pytest.mark.slow
 def test_guidellm_completes_a_run_and_counts_what_the_server_counted(tmp_path):
     from speclab.family import DEFAULT_TARGET, resolve
-    from speclab.load import guidellm, scrape
-    from speclab.ports import free_port
+    from speclab.load import guidellm
 
     exe = guidellm.executable()
     if exe is None:
         pytest.skip("guidellm is not installed (pip install 'speclab[outside]')")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = _serve(tmp_path, port)
-    try:
-        _healthy(url, proc)
-        before = scrape.parse(httpx.get(url + "/metrics", timeout=30).text)
-        out = tmp_path / "guidellm.json"
-        cmd = guidellm.command(url, streams=4, requests=16, prompt_tokens=64, output_tokens=32,
-                               tokenizer=str(resolve(DEFAULT_TARGET)), out=str(out), exe=exe)
-        run = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True,
-                             text=True, timeout=900)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        after = scrape.parse(httpx.get(url + "/metrics", timeout=30).text)
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    out = tmp_path / "guidellm.json"
+    server = _run_against_a_server(tmp_path, lambda url: guidellm.command(
+        url, streams=4, requests=16, prompt_tokens=64, output_tokens=32, tokenizer=str(resolve(DEFAULT_TARGET)),
+        out=str(out), exe=exe))
     gl = guidellm.summary(out)
-    server = scrape.window(before, after)
     assert (gl["completed"], gl["errored"], gl["incomplete"]) == (16, 0, 0)
     assert gl["output_tokens"] == server["generation_tokens"] == 16 * 32
     assert server["server_latency_ms"]["ttft"]["n"] == 16
@@ -117,32 +100,17 @@ def test_guidellm_completes_a_run_and_counts_what_the_server_counted(tmp_path):
 @pytest.mark.slow
 def test_vllm_bench_serve_completes_a_run_against_speclab_serve(tmp_path):
     from speclab.family import DEFAULT_TARGET, resolve
-    from speclab.load import scrape, vllm_bench
+    from speclab.load import vllm_bench
     from speclab.load.servers import vllm_venv
-    from speclab.ports import free_port
 
     venv = vllm_venv(None)
     if venv is None or subprocess.run([str(Path(venv) / "bin" / "python"), "-c", "import vllm.benchmarks.serve"],
                                       capture_output=True, timeout=300).returncode:
         pytest.skip("no vLLM venv with vllm installed (scripts/setup_vllm)")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = _serve(tmp_path, port)
-    try:
-        _healthy(url, proc)
-        before = scrape.parse(httpx.get(url + "/metrics", timeout=30).text)
-        cmd = vllm_bench.command(venv, url, model="target", tokenizer=str(resolve(DEFAULT_TARGET)), prompts=16,
-                                 concurrency=4, input_len=64, output_len=32, result_dir=str(tmp_path),
-                                 result_file="vllm.json")
-        run = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True,
-                             text=True, timeout=900)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        after = scrape.parse(httpx.get(url + "/metrics", timeout=30).text)
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    server = _run_against_a_server(tmp_path, lambda url: vllm_bench.command(
+        venv, url, model="target", tokenizer=str(resolve(DEFAULT_TARGET)), prompts=16, concurrency=4, input_len=64,
+        output_len=32, result_dir=str(tmp_path), result_file="vllm.json"))
     res = json.loads((tmp_path / "vllm.json").read_text())
-    server = scrape.window(before, after)
     assert res["completed"] == 16 and res["total_output_tokens"] == server["generation_tokens"] == 16 * 32
     lat = server["server_latency_ms"]
     print("vllm bench serve / server means: TTFT "

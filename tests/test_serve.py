@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from serve_process import ServeProcess
 
 from speclab.errors import SpeclabError
 from speclab.ports import free_port
@@ -47,69 +48,21 @@ pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in SER
                                 reason="needs fastapi, uvicorn and prometheus_client")
 
 
-class ServeProcess:
-    """``python -m speclab serve`` on a free port, its output in a log file."""
-
-    def __init__(self, args: list[str], log_dir: Path, name: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / f"serve-{name}.log"
-        self.log = open(self.log_path, "w")
-        self._ready = False
-        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "speclab", "serve", "--port", str(self.port), "--threads",
-                                      "1", "--disable-uvicorn-access-log", *args], cwd=ROOT, env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-
-    def output(self) -> str:
-        return self.log_path.read_text()
-
-    @property
-    def ready(self) -> "ServeProcess":
-        """This server, once healthy."""
-        if not self._ready:
-            self.wait_healthy()
-            self._ready = True
-        return self
-
-    def wait_healthy(self, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the server exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        pytest.fail(f"the server was not healthy after {timeout:.0f} s:\n{self.output()[-3000:]}")
-
-    def close(self) -> None:
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """Launched now, waited for on first use (``servers[name].ready``)."""
     logs = tmp_path_factory.mktemp("serve-logs")
     procs = {
-        "main": ServeProcess(["--api-key", KEY], logs, "main"),
+        "main": ServeProcess(["--api-key", KEY], logs / "serve-main.log"),
         "small": ServeProcess(["--max-num-seqs", "2", "--max-waiting-requests", "2", "--speculative-config",
                                json.dumps(NGRAM), "--stream-split-tokens", "--http", "h11", "--loop", "asyncio"],
-                              logs, "small"),  # the pure-Python HTTP parser and asyncio's loop (main: the defaults)
+                              logs / "serve-small.log"),  # the pure-Python HTTP parser, asyncio's loop (main: defaults)
     }
     try:
         yield procs
     finally:
         for p in procs.values():  # all at once: each takes seconds to exit
-            if p.proc.poll() is None:
-                p.proc.terminate()
+            p.stop()
         for p in procs.values():
             p.close()
 

@@ -18,15 +18,12 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-
-from speclab.ports import free_port
+from serve_process import ServeProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE_DEPS = ("fastapi", "uvicorn", "prometheus_client")
@@ -104,49 +101,11 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict, out: dict | No
     return out
 
 
-class ServeProcess:
-    """``python -m speclab serve`` on a free port, its output in a log file."""
-
-    def __init__(self, args: list[str], log_path: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "speclab", "serve", "--port", str(self.port), "--threads",
-                                      "1", "--disable-uvicorn-access-log", *args], cwd=ROOT, env=env,
-                                     stdout=subprocess.DEVNULL, stderr=self.log)
-
-    def output(self) -> str:
-        return self.log_path.read_text()
-
-    def wait_healthy(self, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"the server exited with {self.proc.returncode}:\n{self.output()[-3000:]}"
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        pytest.fail(f"the server was not healthy after {timeout:.0f} s:\n{self.output()[-3000:]}")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
 def dp_server(tmp_path_factory):
     """Two engine cores, the defaults otherwise (the family's draft at k = 4)."""
-    srv = ServeProcess(["-dp", "2", "--max-num-seqs", "8"], tmp_path_factory.mktemp("supervision") / "serve.log")
+    srv = ServeProcess(["-dp", "2", "--max-num-seqs", "8"], tmp_path_factory.mktemp("supervision") / "serve.log",
+                       stdout=False)
     try:
         srv.wait_healthy()
         yield srv

@@ -56,8 +56,12 @@ def test_spec_decode_counters_per_workload_tag():
             return r.json()["speculation"]
 
         async def run():
+            # "code" and "json" arrive first, on their own, so they are the two tags with series of their own
+            # however the machine schedules the concurrent rest
             async with httpx.AsyncClient(timeout=120) as client:
-                return await asyncio.gather(*(one(client, i, t) for i, t in enumerate(tags)))
+                first = [await one(client, i, tags[i]) for i in (0, 1)]
+                rest = await asyncio.gather(*(one(client, i, t) for i, t in enumerate(tags) if i > 1))
+                return first + list(rest)
 
         specs = asyncio.run(run())
         m = by_workload(srv.url)

@@ -200,7 +200,7 @@ def _heads_parser(sub) -> None:
 
 def add_commands(subparsers) -> None:
     """Register ``bench`` and its subcommands on an argparse subparsers object."""
-    b = subparsers.add_parser("bench", help="benchmarks: acceptance, compare, serve, policies, synthetic, heads, round, heldout",
+    b = subparsers.add_parser("bench", help="benchmarks: " + ", ".join(SUBCOMMANDS),
                               description="One subcommand per benchmark: each prints a table and writes its JSON "
                                           "into --out DIR (default results/). One-off experiments live in "
                                           "benchmarks/ (python benchmarks/NAME.py --help).")
