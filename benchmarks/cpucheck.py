@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from speclab.analysis.costmodel import MeasuredCosts, interleaved_times
+from speclab.engine.costs import round_time
 from speclab.errors import SpeclabError
 from speclab.tables import num
 
@@ -59,8 +60,7 @@ def ragged_time(costs, k: int, tokens_per_row: list[float], tokens_per_round: li
     for i, r in enumerate(need):
         n = len(need) - i  # rows still running until this one finishes
         if r > done:
-            step = (k * costs.draft_time(n) + costs.target_time(n, k + 1)) if k else costs.target_time(n, 1)
-            total += (r - done) * (step + overhead(n))
+            total += (r - done) * round_time(costs, n, k, overhead=overhead(n))
             done = r
     return total
 
