@@ -127,18 +127,13 @@ def main(argv=None) -> int:
     from speclab.defaults import default_target, setup_threads
     from speclab.drafters import make_drafter
     from speclab.errors import SpeclabError
-    from speclab.limits import check_int, check_k, check_max_new_tokens
+    from speclab.limits import check_paired_run
     from speclab.models import load_model
     from speclab.workloads import load_workload, workload_names
 
     args = parse_args(argv)
     try:
-        check_k(args.k)
-        if args.k < 1:
-            raise SpeclabError("-k must be at least 1 (plain decoding is the baseline of every pair)")
-        check_int("--prompts", args.prompts, 1, 1000)
-        check_int("--reps", args.reps, 1, 1000)
-        check_max_new_tokens(args.max_new_tokens, name="--max-new-tokens")
+        check_paired_run(args, "plain decoding is the baseline of every pair", k_flag="-k")
         args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         bad = [m for m in args.methods if m not in METHODS]
         if bad or not args.methods:

@@ -136,16 +136,11 @@ def run_from_args(args) -> int:
 
     from ..defaults import default_draft, default_target, setup_threads
     from ..errors import SpeclabError
-    from ..limits import check_int, check_k, check_max_new_tokens
+    from ..limits import check_paired_run
     from ..models import load_model
     from ..workloads import load_workload, workload_names
 
-    check_k(args.k)
-    if args.k < 1:
-        raise SpeclabError("--k must be at least 1 (plain decoding is the baseline every method is paired with)")
-    check_int("--prompts", args.prompts, 1, 1000)
-    check_int("--reps", args.reps, 1, 1000)
-    check_max_new_tokens(args.max_new_tokens, name="--max-new-tokens")
+    check_paired_run(args, "plain decoding is the baseline every method is paired with")
     workloads = workload_names(args.workload)
     for w in workloads:
         load_workload(w)  # a bad name fails before any model loads

@@ -332,16 +332,11 @@ def run_from_args(args) -> int:
     from ..defaults import default_target, setup_threads
     from ..drafters.registry import make_drafter
     from ..errors import SpeclabError
-    from ..limits import check_int, check_k, check_max_new_tokens
+    from ..limits import check_paired_run
     from ..models import load_model
     from ..workloads import load_workload
 
-    check_k(args.k)
-    if args.k < 1:
-        raise SpeclabError("--k must be at least 1 (a round with no drafts is the plain step it is compared with)")
-    check_int("--prompts", args.prompts, 1, 1000)
-    check_int("--reps", args.reps, 1, 1000)
-    check_max_new_tokens(args.max_new_tokens, name="--max-new-tokens")
+    check_paired_run(args, "a round with no drafts is the plain step it is compared with")
     prompts = [p.prompt for p in load_workload(args.workload)[: args.prompts]]
     target = load_model(args.target or default_target())
     setup_threads(args.threads, target)
