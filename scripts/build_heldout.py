@@ -80,21 +80,29 @@ def _cut_lines(text: str, lo: int, hi: int) -> str:
 # candidates per workload: (source, prompt)
 
 
-def json_file_candidates() -> list[tuple[str, str]]:
-    out = []
-    for pkg in JSON_PACKAGES:
+def _package_files(packages, pattern: str, skip: set[str]):
+    """(source prefix ``pkg==version:path``, path) of every installed file of ``packages`` matching ``pattern``,
+    in a stable order, outside folders named in ``skip``."""
+    for pkg in packages:
         root = _site_root(pkg)
         if root is None:
             continue
         version = _version_of(pkg)
-        for p in sorted(root.rglob("*.json")):
+        for p in sorted(root.rglob(pattern)):
             rel = p.relative_to(root)
-            if {"tests", "node_modules", "test"} & set(rel.parts) or not 400 <= p.stat().st_size <= 40_000:
-                continue
-            text = p.read_text(encoding="utf-8", errors="replace")
-            if not text.isascii() or "\t" in text:
-                continue
-            out.append((f"{pkg}=={version}:{rel}", _cut_lines(text, 260, 520)))
+            if not skip & set(rel.parts):
+                yield f"{pkg}=={version}:{rel}", p
+
+
+def json_file_candidates() -> list[tuple[str, str]]:
+    out = []
+    for source, p in _package_files(JSON_PACKAGES, "*.json", {"tests", "node_modules", "test"}):
+        if not 400 <= p.stat().st_size <= 40_000:
+            continue
+        text = p.read_text(encoding="utf-8", errors="replace")
+        if not text.isascii() or "\t" in text:
+            continue
+        out.append((source, _cut_lines(text, 260, 520)))
     return out
 
 
@@ -145,19 +153,11 @@ def _code_prompt(src: str) -> str:
 
 def code_candidates() -> list[tuple[str, str]]:
     out = []
-    for pkg in CODE_PACKAGES:
-        root = _site_root(pkg)
-        if root is None:
-            continue
-        version = _version_of(pkg)
-        for p in sorted(root.rglob("*.py")):
-            rel = p.relative_to(root)
-            if {"tests", "test", "_vendor", "vendor"} & set(rel.parts):
-                continue
-            for lineno, src in _small_definitions(p):
-                prompt = _code_prompt(src)
-                if 120 <= len(prompt) <= 700:
-                    out.append((f"{pkg}=={version}:{rel}:{lineno}", prompt))
+    for source, p in _package_files(CODE_PACKAGES, "*.py", {"tests", "test", "_vendor", "vendor"}):
+        for lineno, src in _small_definitions(p):
+            prompt = _code_prompt(src)
+            if 120 <= len(prompt) <= 700:
+                out.append((f"{source}:{lineno}", prompt))
     return out
 
 
