@@ -57,12 +57,9 @@ class HybridDrafter:
 
     def propose(self, ctx: DraftContext, ks, params, uniform, want_probs, stop=None) -> Proposal:
         found = self._lookups(ctx, ks, params)
-        n, k, dev = ctx.n, max(ks), ctx.tokens.device
+        k, dev = max(ks), ctx.tokens.device
         if all(found):  # every row repeats itself: no head forward this round
-            out = torch.full((n, k), -1, dtype=torch.long)
-            for b, cand in enumerate(found):
-                out[b, :len(cand)] = torch.tensor(cand)
-            return Proposal(out.to(dev), torch.tensor([len(c) for c in found], device=dev), None, None)
+            return Proposal.from_host(found, k, dev)
         prop = self.head.propose(ctx, ks, params, uniform, want_probs, stop)
         if not any(found) or prop.parents is not None:
             return prop  # a tree: the head's draft

@@ -88,16 +88,8 @@ class PromptLookupDrafter(StatelessDrafter):
     def propose(self, ctx: DraftContext, ks, params, uniform, want_probs, stop=None) -> Proposal:
         if self.tree.is_tree:
             return self._propose_tree(ctx, ks)
-        n, k = ctx.n, max(ks)
-        out = torch.full((n, k), -1, dtype=torch.long)
-        lens = []
-        for b, seq in enumerate(ctx.host):
-            cand = self.lookup(seq, ks[b]) if ks[b] else []
-            if cand:
-                out[b, :len(cand)] = torch.tensor(cand)
-            lens.append(len(cand))
-        dev = ctx.tokens.device
-        return Proposal(out.to(dev), torch.tensor(lens, device=dev), None, None)
+        drafts = [self.lookup(seq, ks[b]) if ks[b] else [] for b, seq in enumerate(ctx.host)]
+        return Proposal.from_host(drafts, max(ks), ctx.tokens.device)
 
     def _propose_tree(self, ctx: DraftContext, ks) -> Proposal:
         """Every row's matches merged into a tree of at most its budget of nodes; the most recent match

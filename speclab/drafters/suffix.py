@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from ..errors import SpeclabError
 from .base import DraftContext, Proposal, StatelessDrafter
@@ -69,13 +68,5 @@ class SuffixDrafter(StatelessDrafter):
         return [int(t) for t in seq[start:start + min(k, math.ceil(self.factor * n))]]
 
     def propose(self, ctx: DraftContext, ks, params, uniform, want_probs, stop=None) -> Proposal:
-        n, k = ctx.n, max(ks)
-        out = torch.full((n, k), -1, dtype=torch.long)
-        lens = []
-        for b, seq in enumerate(ctx.host):
-            cand = self.draft(seq, ks[b]) if ks[b] else []
-            if cand:
-                out[b, :len(cand)] = torch.tensor(cand)
-            lens.append(len(cand))
-        dev = ctx.tokens.device
-        return Proposal(out.to(dev), torch.tensor(lens, device=dev), None, None)
+        drafts = [self.draft(seq, ks[b]) if ks[b] else [] for b, seq in enumerate(ctx.host)]
+        return Proposal.from_host(drafts, max(ks), ctx.tokens.device)

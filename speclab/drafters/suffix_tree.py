@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from collections import deque
 
-import torch
-
 from ..errors import SpeclabError
 from .base import DraftContext, Proposal
 
@@ -259,16 +257,9 @@ class SuffixTreeDrafter:
 
     def propose(self, ctx: DraftContext, ks, params, uniform, want_probs, stop=None) -> Proposal:
         n, k = ctx.n, max(ks) if ks else 0
-        out = torch.full((n, max(k, 1)), -1, dtype=torch.long)
-        lens = [0] * n
         greedy = getattr(params, "greedy_rows", None) or [False] * n
+        drafts = []
         for b in range(n):
-            tree = self._sync(ctx, b)
-            if not ks[b]:
-                continue
-            draft = self.best_draft(tree, ctx.host[b], ks[b], bool(greedy[b]))
-            if draft:
-                out[b, :len(draft)] = torch.tensor(draft, dtype=torch.long)
-                lens[b] = len(draft)
-        dev = ctx.tokens.device
-        return Proposal(out[:, :max(k, 1)].to(dev), torch.tensor(lens, device=dev), None, None)
+            tree = self._sync(ctx, b)  # every row's tree follows its context, drafting this round or not
+            drafts.append(self.best_draft(tree, ctx.host[b], ks[b], bool(greedy[b])) if ks[b] else [])
+        return Proposal.from_host(drafts, max(k, 1), ctx.tokens.device)

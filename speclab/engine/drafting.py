@@ -64,6 +64,16 @@ class Proposal:
     token_probs: torch.Tensor | None = None  # (n, N) the draft's probability of each token (display)
     parents: torch.Tensor | None = None  # (n, N) tree: parent node index, -1 = the newest committed token
 
+    @classmethod
+    def from_host(cls, drafts: list[list[int]], width: int, device) -> "Proposal":
+        """A deterministic chain (scored as one-hot) from each row's draft token ids on the host, padded with -1 to
+        ``width`` columns (``len(drafts[b]) <= width``)."""
+        out = torch.full((len(drafts), width), -1, dtype=torch.long)
+        for b, cand in enumerate(drafts):
+            if cand:
+                out[b, :len(cand)] = torch.tensor(cand, dtype=torch.long)
+        return cls(out.to(device), torch.tensor([len(c) for c in drafts], device=device))
+
 
 # stop(i, probs) -> (n,) bool: do not draft token i of the row (draft distribution probs (n, V) at step i)
 StopRule = Callable[[int, torch.Tensor], torch.Tensor]
