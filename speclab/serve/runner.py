@@ -389,7 +389,7 @@ class Engine:
         if self.process and core.worker is not None and not self.stopping:
             core.worker.join(0.2)  # its socket closes just before it can be reaped: wait that moment for its status
         if self.stopping:
-            failure = Failure(503, STOPPED, "server_shutting_down")
+            failure = core_failure(STOPPED)
         else:
             failure = Failure(503, f"the engine core serving this request died ({self._exit_of(core)}); retry",
                               "engine_core_died")
