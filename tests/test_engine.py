@@ -447,11 +447,13 @@ def test_rows_never_taken_into_the_draft_move_slots_when_others_leave(tiny, targ
 def target_both_layouts(tiny):
     """The tiny target as a model too big for the cache is kept: each matmul weight in both layouts."""
     import speclab.models.native_llama as nl
+    from speclab.kernels import few_rows
 
     old = nl.CACHE_RESIDENT_BYTES
     nl.CACHE_RESIDENT_BYTES = 0
     try:
-        lm = load_model(tiny["target"], device="cpu")
+        with few_rows.disabled():  # the layouts are torch's path: where the few-row kernel cannot run
+            lm = load_model(tiny["target"], device="cpu")
     finally:
         nl.CACHE_RESIDENT_BYTES = old
     assert lm.native.both_layouts
@@ -466,6 +468,7 @@ def test_matmul_layout_follows_the_rows(target_lm, target_both_layouts):
     from speclab.models.native_llama import FEW_ROWS, Weight
 
     assert not target_lm.native.both_layouts and target_lm.native.lm_head.w is None
+    assert not target_both_layouts.native.few_rows
     nat = target_both_layouts.native
     w = nat.layers[0][1]
     assert isinstance(w, Weight) and torch.equal(w.w.t(), w.t)
@@ -475,6 +478,28 @@ def test_matmul_layout_follows_the_rows(target_lm, target_both_layouts):
         got = nat._lin(x, w)
         few = FEW_ROWS[0] <= rows <= FEW_ROWS[1]
         assert torch.equal(got, F.linear(x, w.w) if few else x @ w.t), rows
+
+
+def test_few_rows_take_the_kernel_on_one_thread(target_lm):
+    """With the few-row kernel, 1..MAX_ROWS activation rows go through it on one torch thread, bit for bit what the
+    kernel computes; more rows, or more threads, take torch's W^T."""
+    from speclab.kernels import few_rows
+
+    if not target_lm.native.few_rows:
+        pytest.skip(f"the few-row kernel does not run here: {few_rows.reason()}")
+    nat = target_lm.native
+    w = nat.layers[0][1]
+    C = w.t.shape[0]
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            for rows in (1, 5, few_rows.MAX_ROWS, few_rows.MAX_ROWS + 1):
+                x = torch.randn(1, rows, C)
+                kernel = n_threads == 1 and rows <= few_rows.MAX_ROWS
+                assert torch.equal(nat._lin(x, w), few_rows.matmul(x, w.p) if kernel else x @ w.t), (n_threads, rows)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])

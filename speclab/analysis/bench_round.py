@@ -18,11 +18,11 @@ the two is this machine's noise). Batch 1, greedy. Prints a table and writes JSO
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+
+from .flags import out_path, write_json
 
 PHASES = ("draft", "verify", "accept", "bookkeeping", "other")
 
@@ -123,8 +123,11 @@ def _median_time(fn, reps: int = 7, inner: int = 3) -> float:
 
 
 def time_matmuls(weights: list, rows: int) -> float:
-    """Seconds for x (rows, in) @ W (in, out) over every weight: the matmuls alone."""
+    """Seconds for x (rows, in) @ W (in, out) over every weight: the matmuls alone, with the faster of torch's
+    kernel and the few-row kernel (kernels/few_rows.c) where that one runs."""
     import torch
+
+    from ..kernels import few_rows
 
     if not weights:
         return 0.0
@@ -134,7 +137,16 @@ def time_matmuls(weights: list, rows: int) -> float:
         for x, w in zip(xs, weights):
             x @ w
 
-    return _median_time(run)
+    best = _median_time(run)
+    if few_rows.load() is not None and rows <= few_rows.MAX_ROWS and all(few_rows.packable(w.t()) for w in weights):
+        panels = [few_rows.pack(w.t()) for w in weights]
+
+        def run_few():
+            for x, p in zip(xs, panels):
+                few_rows.matmul(x, p)
+
+        best = min(best, _median_time(run_few))
+    return best
 
 
 def time_read(tensors: list) -> float:
@@ -315,15 +327,15 @@ def format_report(r: RoundReport) -> str:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--target", default=None, help="target model (default: the family's default target)")
-    p.add_argument("--draft", default="eagle", help="drafter spec (default eagle)")
-    p.add_argument("--k", type=int, default=4, help="draft length (default 4: a verify of 5 tokens)")
-    p.add_argument("--workload", default="heldout_code", help="workload name or JSONL path (default heldout_code)")
-    p.add_argument("--prompts", type=int, default=3, help="prompts from the workload (default 3)")
-    p.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default 3)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per run (default 48)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 for tiny models)")
-    p.add_argument("--out", default=None, help="folder for round.json (default: print only)")
+    from .flags import add_flags
+
+    add_flags(p, "target", "draft", "k", "workload", "prompts", "reps", "max_new_tokens", "threads", "out",
+              draft=dict(default="eagle", help="drafter spec (default eagle)"),
+              k=dict(help="draft length (default 4: a verify of 5 tokens)"),
+              workload=dict(default="heldout_code", help="workload name or JSONL path (default heldout_code)"),
+              prompts=dict(default=3, help="prompts from the workload (default 3)"),
+              reps=dict(default=3, help="interleaved repetitions (default 3)"),
+              max_new_tokens=dict(default=48, help="tokens per run (default 48)"))
 
 
 def run_from_args(args) -> int:
@@ -337,7 +349,7 @@ def run_from_args(args) -> int:
     from ..workloads import load_workload
 
     check_paired_run(args, "a round with no drafts is the plain step it is compared with")
-    prompts = [p.prompt for p in load_workload(args.workload)[: args.prompts]]
+    prompts = [p.prompt for p in load_workload(args.workload)[: args.prompts_per_workload]]
     target = load_model(args.target or default_target())
     setup_threads(args.threads, target)
     drafter = make_drafter(args.draft, target)
@@ -346,11 +358,7 @@ def run_from_args(args) -> int:
     rep = run_round(target, drafter, args.draft, prompts, args.k, args.max_new_tokens, args.reps, args.workload,
                     torch.get_num_threads())
     print(format_report(rep))
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "round.json").write_text(json.dumps(asdict(rep), indent=1))
-        print(f"wrote {out / 'round.json'}")
+    write_json(out_path(args, "round"), asdict(rep))
     return 0
 
 

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from ..engine.sampling import logits_to_probs, sample_from_probs
 from ..errors import SpeclabError
+from ..kernels import few_rows
 from .base import DraftContext, Proposal, Verified
 from .chain import ChainDraft, greedy_display
 from .trees import RowTree, TreeShape, grow_trees, pack_trees
@@ -172,15 +173,23 @@ class EagleHead(nn.Module):
         self.w2 = nn.Linear(cfg.ffn, C, bias=False)
         self.norm = nn.Parameter(torch.ones(C))
         self._wt: dict[str, torch.Tensor] = {}
+        self._panels: dict[str, torch.Tensor] = {}
 
     def freeze(self) -> None:
         """Inference on a CPU: keep each matmul weight transposed and contiguous (x @ W^T runs faster than
-        F.linear for the few-row matmuls of drafting, as for the target's own forward)."""
+        F.linear for the few-row matmuls of drafting, as for the target's own forward), and packed for the
+        few-row kernel where it runs (kernels/few_rows.c)."""
         if self.fc_in.weight.device.type == "cpu":
-            self._wt = {name: getattr(self, name).weight.t().contiguous()
-                        for name in ("fc_feat", "fc_in", "wqkv", "wo", "w13", "w2")}
+            names = ("fc_feat", "fc_in", "wqkv", "wo", "w13", "w2")
+            self._wt = {name: getattr(self, name).weight.t().contiguous() for name in names}
+            if few_rows.load() is not None:
+                self._panels = {name: few_rows.pack(getattr(self, name).weight) for name in names
+                                if few_rows.packable(getattr(self, name).weight)}
 
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        p = self._panels.get(name)
+        if p is not None and x.numel() // x.shape[-1] <= few_rows.MAX_ROWS and torch.get_num_threads() == 1:
+            return few_rows.matmul(x, p)
         wt = self._wt.get(name)
         return x @ wt if wt is not None else getattr(self, name)(x)
 

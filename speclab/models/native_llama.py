@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..kernels import few_rows
+
 
 @dataclass
 class StepOut:
@@ -128,14 +130,13 @@ class StaticKVCache:
             vv[r, :, dst] = vv[r, :, src]
 
 
-# Which layout of a matmul weight is faster on the CPU depends on the rows M of the activations and on
-# whether the weights stay in the cache (torch 2.13's MKL on this 2-core machine, one thread, each whole
-# forward timed both ways, interleaved; docs/engine.md "Matmul layouts on the CPU"):
-# * x @ W^T with W^T stored contiguous: the fastest at M = 1 (decoding one row: 4.2 against 4.95 ms per
-#   target forward) and from M = 16 on (4-13% at 16-40);
-# * F.linear(x, W) with W as given: faster at M = 2..10 once the weights come from memory (the target, 21 MB:
-#   0.70-0.92x the time; one row verifying 2 tokens 5.1 against 6.8 ms, 2 rows decoding 4.8 against 6.8 ms);
-#   even at 12;
+# Which kernel a CPU matmul takes depends on the rows M of the activations, the threads and the weights' size:
+# * the few-row kernel (kernels/few_rows.c) for M <= its MAX_ROWS on one thread, where the system has a C
+#   compiler and AVX2: it reads the weights once for all M rows, and a row's result does not depend on M, so a
+#   plain step and a verify compute the same logits for a position (docs/engine.md "Matmuls on the CPU");
+# * otherwise x @ W^T with W^T stored contiguous: MKL's fastest at M = 1 and from M = 16 on;
+# * without the kernel, F.linear(x, W) with W as given at M = 2..10 once the weights come from memory:
+#   MKL's kernel for that layout is faster there;
 # * a model whose weights fit in the cache (the drafts, at most 1.7 MB) gains nothing from the second layout.
 FEW_ROWS = (2, 10)  # activation rows for which F.linear(x, W) is used, when the model keeps both layouts
 # a single row's verify block of up to this many tokens takes the written-out attention (_block_attention) on the
@@ -147,10 +148,12 @@ BOTH_LAYOUTS_MAX_BYTES = 2 << 30  # above this, a second copy of the weights cos
 
 @dataclass(frozen=True)
 class Weight:
-    """A matmul weight on the CPU: ``t`` (in, out) contiguous, and ``w`` (out, in) or None (see FEW_ROWS)."""
+    """A matmul weight on the CPU: ``t`` (in, out) contiguous; ``w`` (out, in) or None (see FEW_ROWS); ``p`` the
+    few-row kernel's panels or None."""
 
     t: torch.Tensor
     w: torch.Tensor | None = None
+    p: torch.Tensor | None = None
 
 
 class NativeLlama:
@@ -182,9 +185,11 @@ class NativeLlama:
                                                              for w in (layer.self_attn.o_proj.weight,
                                                                        layer.mlp.down_proj.weight)]
         nbytes = sum(w.numel() * w.element_size() for w in mats)
-        self.both_layouts = self.cpu and CACHE_RESIDENT_BYTES < nbytes <= BOTH_LAYOUTS_MAX_BYTES
-        prep = (lambda w: Weight(w.t().contiguous(), w.contiguous() if self.both_layouts else None)) if self.cpu \
-            else (lambda w: w)
+        self.few_rows = self.cpu and nbytes <= BOTH_LAYOUTS_MAX_BYTES and few_rows.load() is not None
+        self.both_layouts = self.cpu and CACHE_RESIDENT_BYTES < nbytes <= BOTH_LAYOUTS_MAX_BYTES and not self.few_rows
+        prep = (lambda w: Weight(w.t().contiguous(), w.contiguous() if self.both_layouts else None,
+                                 few_rows.pack(w) if self.few_rows and few_rows.packable(w) else None)) \
+            if self.cpu else (lambda w: w)
         self.lm_head = prep(hf_model.lm_head.weight)  # tied or not
         self.final_norm = m.norm.weight
         self.layers = []
@@ -259,7 +264,10 @@ class NativeLlama:
     @staticmethod
     def _lin(x: torch.Tensor, w) -> torch.Tensor:
         if isinstance(w, Weight):
-            if w.w is not None and FEW_ROWS[0] <= x.numel() // x.shape[-1] <= FEW_ROWS[1]:
+            m = x.numel() // x.shape[-1]
+            if w.p is not None and m <= few_rows.MAX_ROWS and torch.get_num_threads() == 1:
+                return few_rows.matmul(x, w.p)
+            if w.w is not None and FEW_ROWS[0] <= m <= FEW_ROWS[1]:
                 return F.linear(x, w.w)
             return x @ w.t
         return F.linear(x, w)
