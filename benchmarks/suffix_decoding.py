@@ -24,6 +24,11 @@ import sys
 import time
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as `python benchmarks/NAME.py`: the root on the path, siblings as benchmarks.NAME
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._cli import add_flags  # noqa: E402
+
 METHODS = ("ngram", "suffix-match", "suffix", "suffix+cache")
 
 
@@ -67,7 +72,7 @@ def _summary(workload: str, method: str, runs: list[dict], speedups: list[float]
 def run_workload(target, workload: str, args) -> list[dict]:
     from speclab.workloads import load_workload
 
-    prompts = [p.prompt for p in load_workload(workload)][:args.prompts]
+    prompts = [p.prompt for p in load_workload(workload)][:args.prompts_per_workload]
     # the plain greedy outputs: the others' go into suffix+cache's global tree (greedy output is the same for
     # every method, so these are exactly what a server would have cached)
     outputs = [_run(target, None, p, 0, args.max_new_tokens)["output"] for p in prompts]
@@ -115,7 +120,7 @@ def parse_args(argv):
     p.add_argument("--suffix-options", default="",
                    help="options appended to the suffix spec, e.g. ':min_prob=0.2:factor=2' (default: none)")
     p.add_argument("-k", "--k", type=int, default=4, help="largest draft length (default 4)")
-    p.add_argument("--prompts", type=int, default=4, help="prompts per workload (default 4)")
+    add_flags(p, "prompts", prompts=dict(default=4, help="prompts per workload (default 4)"))
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per run (default 64)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 for tiny models)")

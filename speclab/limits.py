@@ -66,11 +66,11 @@ def check_max_new_tokens(n, hi: int = 1 << 20, name: str = "max_new_tokens") -> 
 
 def check_paired_run(args, why: str, k_flag: str = "--k") -> None:
     """The flags of a benchmark that pairs speculative runs with plain ones: ``k`` >= 1 (``why``: why plain decoding
-    cannot be one of the arms), ``prompts``, ``reps`` and ``max_new_tokens``."""
+    cannot be one of the arms), ``prompts_per_workload``, ``reps`` and ``max_new_tokens``."""
     check_k(args.k)
     if args.k < 1:
         raise SpeclabError(f"{k_flag} must be at least 1 ({why})")
-    check_int("--prompts", args.prompts, 1, 1000)
+    check_int("--prompts-per-workload", args.prompts_per_workload, 1, 1000)
     check_int("--reps", args.reps, 1, 1000)
     check_max_new_tokens(args.max_new_tokens, name="--max-new-tokens")
 

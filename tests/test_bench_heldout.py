@@ -14,7 +14,7 @@ def _run(*args):
                           text=True, timeout=600)
 
 
-@pytest.mark.parametrize("args", [["--k", "0"], ["--workload", "no-such-workload"], ["--prompts", "0"]])
+@pytest.mark.parametrize("args", [["--k", "0"], ["--workload", "no-such-workload"], ["--prompts-per-workload", "0"]])
 def test_bad_input_is_one_line(args):
     r = _run(*args)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -23,7 +23,7 @@ def test_bad_input_is_one_line(args):
 @pytest.mark.slow
 @pytest.mark.skipif(resolve("target") is None, reason="family not trained")
 def test_heldout_table_and_json(tmp_path):
-    r = _run("--methods", "ngram,eagle+suffix", "--workload", "heldout_json", "--prompts", "1", "--reps", "2",
+    r = _run("--methods", "ngram,eagle+suffix", "--workload", "heldout_json", "--prompts-per-workload", "1", "--reps", "2",
              "--max-new-tokens", "12", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads((tmp_path / "heldout.json").read_text())["rows"]

@@ -19,7 +19,7 @@ def _run(*args):
 @pytest.mark.slow
 @pytest.mark.parametrize("draft", ["eagle", "ngram"])
 def test_round_report_has_every_phase_and_floor(tmp_path, draft):
-    r = _run("--draft", draft, "--k", "2", "--prompts", "1", "--reps", "1", "--max-new-tokens", "12",
+    r = _run("--draft", draft, "--k", "2", "--prompts-per-workload", "1", "--reps", "1", "--max-new-tokens", "12",
              "--workload", "heldout_json", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads((tmp_path / "round.json").read_text())

@@ -10,13 +10,12 @@ apart two identical configurations land on this machine. Prints a table and writ
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..workloads import HELDOUT_WORKLOADS
+from .flags import out_path, write_json
 
 DEFAULT_METHODS = ("default", "eagle", "ngram", "suffix", "eagle+suffix")
 
@@ -117,18 +116,16 @@ def format_table(rows: list[dict]) -> str:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--target", default=None, help="target model (default: the family's default target)")
+    from .flags import add_flags
+
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma list of drafter specs; 'default' is the family's default draft (default: "
                         + ",".join(DEFAULT_METHODS) + ")")
-    p.add_argument("--workload", default=",".join(HELDOUT_WORKLOADS), help="comma list of workloads "
-                   "(default: the three held-out ones)")
-    p.add_argument("--k", type=int, default=4, help="draft length (default 4)")
-    p.add_argument("--prompts", type=int, default=4, help="prompts per workload (default 4)")
-    p.add_argument("--reps", type=int, default=2, help="interleaved repetitions (default 2)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per run (default 64)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 for tiny models)")
-    p.add_argument("--out", default=None, help="folder for heldout.json (default: print only)")
+    add_flags(p, "target", "workload", "k", "prompts", "reps", "max_new_tokens", "threads", "out",
+              workload=dict(default=",".join(HELDOUT_WORKLOADS), help="comma list of workloads (default: the "
+                                                                      "three held-out ones)"),
+              prompts=dict(default=4, help="prompts per workload (default 4)"),
+              reps=dict(default=2, help="interleaved repetitions (default 2)"))
 
 
 def run_from_args(args) -> int:
@@ -155,18 +152,14 @@ def run_from_args(args) -> int:
 
     for spec in methods.values():
         make_drafter(spec, target)  # a bad spec fails before the runs
-    rows = run_heldout(target, methods, args.k, workloads, args.prompts, args.reps, args.max_new_tokens)
-    print(f"batch 1, greedy, k = {args.k}, {args.prompts} prompts x {args.reps} reps per workload, "
+    rows = run_heldout(target, methods, args.k, workloads, args.prompts_per_workload, args.reps,
+                       args.max_new_tokens)
+    print(f"batch 1, greedy, k = {args.k}, {args.prompts_per_workload} prompts x {args.reps} reps per workload, "
           f"{args.max_new_tokens} new tokens, {torch.get_num_threads()} thread(s); speedup = tokens/s over plain "
           f"decoding's in the same rotation (median, quartiles); 'plain again' is the A/A control")
     print(format_table(rows))
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "heldout.json").write_text(json.dumps({"k": args.k, "prompts": args.prompts, "reps": args.reps,
-                                                      "max_new_tokens": args.max_new_tokens, "rows": rows},
-                                                     indent=1))
-        print(f"wrote {out / 'heldout.json'}")
+    write_json(out_path(args, "heldout"), {"k": args.k, "prompts": args.prompts_per_workload, "reps": args.reps,
+                                           "max_new_tokens": args.max_new_tokens, "rows": rows})
     return 0
 
 
