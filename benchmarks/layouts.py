@@ -1,5 +1,7 @@
 """``python benchmarks/layouts.py``: which matmul weight layout is faster on this CPU, per number of activation
-rows, and what the engine's choice (:data:`speclab.models.native_llama.FEW_ROWS`) buys end to end.
+rows, and what the engine's choice (:data:`speclab.models.native_llama.FEW_ROWS`) buys end to end. These are torch's
+layouts, which the engine uses where the few-row kernel cannot run (``benchmarks/few_rows.py`` compares the two), so
+the models here are built without it.
 
 1. **Forwards.** For each model (the target and the draft) and each shape (rows x tokens), one cached
    forward timed with every matmul on the stored W^T (``x @ W^T``) and with every matmul on W as given
@@ -114,16 +116,18 @@ def run_layouts_bench(args) -> int:
     from speclab.analysis.sweep import cached_model
     from speclab.defaults import default_draft, default_target, setup_threads
     from speclab.drafters import make_drafter
+    from speclab.kernels import few_rows
     from speclab.models import load_model, native_llama
     from speclab.workloads import load_workload
 
-    target = load_model(args.target or default_target(), device="cpu", role="target")
+    draft_name = args.draft or default_draft()
+    with few_rows.disabled("torch's layouts are what this compares"):
+        target = load_model(args.target or default_target(), device="cpu", role="target")
+        drafter = make_drafter(draft_name, target, load=cached_model)
     setup_threads(args.threads, target)
     if target.native is None:
         print("benchmarks/layouts.py: the target does not run on the native backend; nothing to compare")
         return 1
-    draft_name = args.draft or default_draft()
-    drafter = make_drafter(draft_name, target, load=cached_model)
     reps = args.reps or 15
     t0 = time.perf_counter()
     forwards = {target.name: time_forwards(target, SHAPES, reps)}
