@@ -1,11 +1,11 @@
 """``python benchmarks/few_rows.py``: what the few-row kernel (kernels/few_rows.c) buys the target's forward.
 
-The target is loaded twice in one process: once with the kernel and once as the engine runs without it (W^T, and
-W as given for 2-10 rows when the weights exceed the cache). Per shape (rows x tokens), one cached forward is timed
-on each, interleaved, with a third timing of the kernel model as the A/A control; medians. The table gives each
-forward against its own one-row step (the verify's price in plain steps) and the kernel's against torch's.
-Greedy outputs of plain decoding and of speculation with the default drafter must be identical on both models
-(printed).
+The target is loaded twice in one process: once with the kernel and once as the engine runs without it (W^T,
+and W as given for 2-10 rows when the weights exceed the cache). Per shape (rows x tokens), one cached forward
+is timed on each, every shape and model in each repetition, with a third timing of the kernel model as the A/A
+control; medians. The table gives each forward against its own one-row step (the verify's price in plain
+steps) and the kernel's against torch's. Greedy outputs of plain decoding and of speculation with the default
+drafter must be identical on both models (printed).
 
     python benchmarks/few_rows.py --reps 40 --out results/few_rows
 
@@ -54,19 +54,22 @@ def time_forwards(models: dict, shapes, reps: int, context: int) -> list[dict]:
                   rows=slice(0, widest))
         caches[name] = c
     runs = ("kernel", "torch", "kernel_again")  # the third: the A/A control, the same model read twice
-    out = []
+    toks = {shape: torch.randint(0, 100, shape) for shape in shapes}
+    got = {(shape, r): [] for shape in shapes for r in runs}
     with torch.inference_mode():
-        for n, T in shapes:
-            tok = torch.randint(0, 100, (n, T))
-            got: dict[str, list[float]] = {r: [] for r in runs}
-            for i in range(reps + 1):
+        # every shape and model in each repetition, the order reversed every other one: a slow spell of a
+        # shared machine lands on all of them alike
+        for i in range(reps + 1):
+            for shape in (shapes if i % 2 else shapes[::-1]):
+                n, T = shape
                 for r in (runs if i % 2 else runs[::-1]):
                     cache = caches["torch" if r == "torch" else "kernel"]
                     t0 = time.perf_counter()
-                    cache.forward(tok, torch.full((n,), context), kv_len=context + T, rows=slice(0, n))
+                    cache.forward(toks[shape], torch.full((n,), context), kv_len=context + T, rows=slice(0, n))
                     if i:
-                        got[r].append(time.perf_counter() - t0)
-            out.append({"rows": n, "tokens": T, **{f"{r}_ms": 1e3 * statistics.median(v) for r, v in got.items()}})
+                        got[(shape, r)].append(time.perf_counter() - t0)
+    out = [{"rows": n, "tokens": T, **{f"{r}_ms": 1e3 * statistics.median(got[((n, T), r)]) for r in runs}}
+           for n, T in shapes]
     one = next(r for r in out if (r["rows"], r["tokens"]) == (1, 1))
     for r in out:
         r["kernel_over_plain_step"] = r["kernel_ms"] / one["kernel_ms"]
