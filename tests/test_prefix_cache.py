@@ -81,16 +81,50 @@ def test_outputs_with_reused_prefixes_equal_solo_runs(tiny, target_lm, speculati
     assert got[0] == plain.generate([base], k=0, max_new_tokens=12).output_tokens[0]
 
 
-def test_prefix_cache_is_off_where_it_cannot_work(tiny, target_lm):
-    """Drafters that read the target's features at every prompt position get no prefix reuse."""
+def test_an_entry_serves_a_drafter_that_reads_features_only_with_them():
+    pc = PrefixCache(block=4)
+    a, b = list(range(10)), list(range(50, 60))
+    pc.store(a, *_kv(9))  # no features
+    pc.store(b, *_kv(9), {-1: torch.arange(30.0).reshape(10, 3), 1: torch.ones(10, 3)})
+    assert pc.lookup(a, features=(-1,)) == (0, None) and pc.lookup(a)[0] == 9
+    p, e = pc.lookup(b, features=(1, -1))
+    assert p == 9 and e.features[-1].shape == (9, 3) and torch.equal(e.features[-1], torch.arange(27.0).reshape(9, 3))
+    assert pc.lookup(b, features=(2,)) == (0, None)  # a layer it does not hold
+    before = pc.hits
+    pc.unused(9)
+    assert pc.hits == before - 9
 
-    class Featured:
-        features = (0,)
-        name = "featured"
 
-        def reset(self, capacity, max_len):
-            pass
+def test_eagle_reuses_prefixes_with_their_features(target_lm):
+    """A drafter that reads the target's features (the EAGLE head) reuses stored prefixes: the outputs are each
+    prompt's solo run, and the drafts too (the stored features are the prompt's own)."""
+    from speclab.drafters import make_drafter
+    from speclab.drafters.heads import head_dir
+    from speclab.models import load_model
 
-    sched = Scheduler(target_lm, Featured(), make_policy("fixed", 2), prefix_cache=PrefixCache(), max_len=64)
-    assert sched.prefix is None
-    assert Scheduler(target_lm, None, make_policy("off", 0), prefix_cache=PrefixCache(), max_len=64).prefix is not None
+    if head_dir("eagle") is None:
+        pytest.skip("the family's EAGLE head is not shipped")
+    target = load_model("target", device="cpu")
+    base = target.encode('{"name": "Ada", "email": "ada@example.com", "tags": ["a", "b"], "city": "')
+    other = target.encode("def parse(text):\n    return [line.strip() for line in text.splitlines()]\n")
+    prompts = [base, other, base, base[:17] + other[:5], base]
+    params = [SamplingParams()] * len(prompts)
+    seeds = [1] * len(prompts)
+
+    def run(prompts, prefix):
+        drafter = make_drafter("eagle", target)
+        sched = Scheduler(target, drafter, make_policy("fixed", 4), max_running=3, max_waiting=len(prompts),
+                          max_len=128, capacity=3, prefix_cache=prefix)
+        reqs = [Request(list(p), 16, sp, seed=s, request_id=f"r{i}") for i, (p, sp, s) in
+                enumerate(zip(prompts, params, seeds))]
+        for r in reqs:
+            sched.submit(r)
+        sched.run_until_idle()
+        return [(r.generated, r.drafted, r.accepted) for r in reqs]
+
+    pc = PrefixCache()
+    got = run(prompts, pc)
+    assert pc.hits >= 16 + len(base) - 1  # the shared block and a repeat were reused
+    solo = [run([p], None)[0] for p in prompts]
+    assert [g[0] for g in got] == [s[0] for s in solo]
+    assert [g[1:] for g in got] == [s[1:] for s in solo]  # the same drafts accepted: the features lined up

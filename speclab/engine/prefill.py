@@ -77,12 +77,14 @@ class Prefill:
             if skip[i]:
                 batch.cache.load_prefix(r0 + i, found[i][1].k, found[i][1].v, skip[i])
         logits, out = self.forward(reqs, skip, groups, r0)
+        feats = self.features(reqs, out, found) if self.draft_features else None
         if self.prefix is not None:
             for i, r in enumerate(reqs):
-                self.prefix.store(r.prompt_ids, *batch.cache.row_kv(r0 + i))
+                self.prefix.store(r.prompt_ids, *batch.cache.row_kv(r0 + i),
+                                  {layer: f[i] for layer, f in feats.items()} if feats else None)
         finished = self.first_tokens(reqs, logits, r0, t0, number, waiting, skip)
         if self.drafter is not None:
-            self.admit(reqs, out, groups, r0)
+            self.admit(reqs, feats, groups, r0)
         done = [batch.rows[i] for i in finished]
         batch.leave(finished)
         return done
@@ -91,8 +93,15 @@ class Prefill:
         """The requests in prefill order, each one's stored prefix (length, K/V) and the groups run together
         (hidden features for a drafter: one group, so that they stack)."""
         m = len(reqs)
-        found = [self.prefix.lookup(r.prompt_ids) for r in reqs] if self.prefix is not None else [(0, None)] * m
+        found = [self.prefix.lookup(r.prompt_ids, self.draft_features) for r in reqs] if self.prefix is not None \
+            else [(0, None)] * m
         if m == 1 or self.draft_features:
+            widest = max(len(r.prompt_ids) - f[0] for r, f in zip(reqs, found))
+            # one group: a block padded to a batch-mate's width must still fit in every row's slots
+            if self.prefix is not None and max(f[0] for f in found) + widest > self.batch.slots:
+                for f in found:
+                    self.prefix.unused(f[0])
+                found = [(0, None)] * m
             return reqs, found, [(0, m)]
         order = sorted(range(m), key=lambda i: len(reqs[i].prompt_ids) - found[i][0])
         reqs, found = [reqs[i] for i in order], [found[i] for i in order]
@@ -179,14 +188,31 @@ class Prefill:
                                        len(batch) - len(finished), waiting, q, h))
         return finished
 
-    def admit(self, reqs, out, groups, r0: int) -> None:
-        """Hand the drafter the new rows now, or mark them to be taken in before their first draft (a drafter that
-        ``admits_late`` and reads no features): never, if a row never drafts."""
+    def features(self, reqs, out, found) -> dict:
+        """{layer: (m, L, C)}: the target's hidden features at every prompt position (L the longest prompt), a
+        reused prefix's from its stored entry and the rest from this prefill's forward."""
+        hidden = dict(out.hidden)
+        if not any(f[0] for f in found):
+            return hidden
+        plen = [len(r.prompt_ids) for r in reqs]
+        full = {}
+        for layer, h in hidden.items():  # h (m, T, C): row i's block starts at its stored prefix's end
+            f = h.new_zeros(len(reqs), max(plen), h.shape[-1])
+            for i, (skip, entry) in enumerate(found):
+                if skip:
+                    f[i, :skip] = entry.features[layer][:skip]
+                f[i, skip:plen[i]] = h[i, :plen[i] - skip]
+            full[layer] = f
+        return full
+
+    def admit(self, reqs, feats, groups, r0: int) -> None:
+        """Hand the drafter the new rows now (with ``feats``, the prompts' features, for a drafter that reads them),
+        or mark them to be taken in before their first draft (a drafter that ``admits_late`` and reads no
+        features): never, if a row never drafts."""
         if getattr(self.drafter, "admits_late", False) and not self.draft_features:
             for r in reqs:
                 r.draft_pending = True
             return
-        feats = dict(out.hidden) if self.draft_features else None
         ctx = self.batch.draft_context()
         for a, b in groups:
             self.drafter.admit(ctx, range(r0 + a, r0 + b), feats)

@@ -11,6 +11,9 @@ How a prompt is matched:
 * otherwise the longest prefix on a block boundary (every ``block`` tokens, 16 as vLLM's default): prompts
   that share a system prompt or few-shot examples.
 
+For a drafter that reads the target's hidden features at every prompt position (EAGLE), an entry also keeps
+those features for its positions, and a prompt reuses an entry only when it holds the layers the drafter reads.
+
 Every stored entry is registered under its exact key and under each block-aligned prefix of it. The store is
 an LRU bounded in bytes. Keys are token-id tuples: a hit is an exact token match, never a hash collision.
 
@@ -33,13 +36,15 @@ DEFAULT_BYTES = 256 << 20  # the store's bound
 
 @dataclass
 class Entry:
-    """One stored prefix: per layer (H_kv, P, D) keys and values of positions 0..P-1."""
+    """One stored prefix: per layer (H_kv, P, D) keys and values of positions 0..P-1, and the target's hidden
+    features at those positions that a drafter reads ({layer: (P, C)}; empty when none was asked for)."""
 
     tokens: tuple[int, ...]
     k: list[torch.Tensor]
     v: list[torch.Tensor]
     nbytes: int
     keys: list[tuple[int, ...]] = field(default_factory=list)  # the lookup keys that point at it
+    features: dict = field(default_factory=dict)
 
 
 class PrefixCache:
@@ -57,9 +62,10 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def lookup(self, prompt: list[int]) -> tuple[int, Entry | None]:
+    def lookup(self, prompt: list[int], features: tuple = ()) -> tuple[int, Entry | None]:
         """(P, entry): the first P positions of ``prompt`` can be copied from ``entry`` (P <= len(prompt) - 1;
-        0 and None when nothing matches). Counts the prompt's tokens as queried and the P as hits."""
+        0 and None when nothing matches). ``features``: the layers whose hidden features the entry must hold too.
+        Counts the prompt's tokens as queried and the P as hits."""
         n = len(prompt)
         self.queries += n
         if n < 2 or not self.index:
@@ -73,14 +79,20 @@ class PrefixCache:
                 if e is not None:
                     break
                 p -= self.block
-        if e is None or p <= 0:
+        if e is None or p <= 0 or any(layer not in e.features for layer in features):
             return 0, None
         self.entries.move_to_end(e.tokens)
         self.hits += p
         return p, e
 
-    def store(self, prompt: list[int], k: list[torch.Tensor], v: list[torch.Tensor]) -> None:
-        """Keep ``k``/``v`` (per layer (H_kv, >= P, D), copied here) for the first P = len(prompt) - 1 positions."""
+    def unused(self, p: int) -> None:
+        """A hit of ``p`` tokens that the caller could not use after all: counted as a miss."""
+        self.hits -= p
+
+    def store(self, prompt: list[int], k: list[torch.Tensor], v: list[torch.Tensor],
+              features: dict | None = None) -> None:
+        """Keep ``k``/``v`` (per layer (H_kv, >= P, D), copied here) for the first P = len(prompt) - 1 positions, and
+        ``features`` ({layer: (>= P, C)}, copied) when a drafter reads them."""
         P = len(prompt) - 1
         if P < 1:
             return
@@ -90,12 +102,13 @@ class PrefixCache:
             return
         ks = [t[:, :P].clone() for t in k]
         vs = [t[:, :P].clone() for t in v]
-        nbytes = sum(t.numel() * t.element_size() for t in ks + vs)
+        feats = {layer: f[:P].clone() for layer, f in (features or {}).items()}
+        nbytes = sum(t.numel() * t.element_size() for t in ks + vs + list(feats.values()))
         if nbytes > self.max_bytes:
             return
         while self.nbytes + nbytes > self.max_bytes and self.entries:
             self._evict()
-        e = Entry(key, ks, vs, nbytes)
+        e = Entry(key, ks, vs, nbytes, features=feats)
         e.keys = [key] + [key[:p] for p in range(self.block, P, self.block)]
         for kk in e.keys:
             self.index[kk] = e

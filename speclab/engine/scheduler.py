@@ -76,10 +76,9 @@ class Scheduler:
         self.costs = costs if costs is not None else OnlineCosts()
         self.draft_features = tuple(getattr(drafter, "features", ()) or ()) if drafter is not None else ()
         self.batch = self._batch(capacity, cuda_graphs)
-        # prefix caching (speclab.engine.prefix_cache): the native cache only, and not for drafters that read the
-        # target's features at every prompt position (a reused prefix has none)
-        self.prefix = prefix_cache if (prefix_cache is not None and not self.draft_features
-                                       and hasattr(self.cache, "load_prefix")) else None
+        # prefix caching (speclab.engine.prefix_cache): the native cache only; for a drafter that reads the target's
+        # features at every prompt position, the entries keep those features too
+        self.prefix = prefix_cache if (prefix_cache is not None and hasattr(self.cache, "load_prefix")) else None
         drafting = drafter if self.k_max > 0 else None
         self.prefill = Prefill(self.batch, target, drafting, self.hooks, self.run_id, self.prefix, self.draft_features)
         self.round_runner = Round(self.batch, target, drafter, self.policy, self.hooks, self.costs,
