@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "target", "x") is None:
         args.target = default_target()
     if getattr(args, "draft", "x") is None:
-        args.draft = default_drafter() if args.command == "generate" else default_draft()
+        serving = args.command == "generate" or (args.command == "bench" and getattr(args, "mode", "") == "serve")
+        args.draft = default_drafter() if serving else default_draft()  # what generate and serve run by default
     try:
         return args.func(args) or 0
     except SpeclabError as e:

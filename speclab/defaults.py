@@ -30,9 +30,10 @@ DEFAULT_DRAFTER = "eagle+suffix"  # the fastest drafter on the held-out set: spe
 
 
 def default_drafter() -> str:
-    """What ``speclab generate`` and the app's first screen speculate with: the EAGLE head with suffix decoding
-    where the context repeats, when the family's head is shipped; else the default draft model. (``speclab serve``
-    keeps the draft model: the scheduler turns prefix caching off for drafters that read the target's features.)"""
+    """What ``speclab generate``, ``speclab serve`` and the app's first screen speculate with: the EAGLE head with
+    suffix decoding where the context repeats, when the family's head is shipped; else the default draft model.
+    (A server with it has no prefix cache: the scheduler turns it off for drafters that read the target's
+    features.)"""
     try:
         from .drafters.heads import head_dir
 

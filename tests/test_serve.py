@@ -6,7 +6,7 @@ server running in this process.
 
 Servers (launched together, once per module, while this process loads its reference models; the
 embedded family, ``--threads 1``):
-* ``main``: the defaults (draft-xs-distill, k = 4) with an API key;
+* ``main``: the defaults (eagle+suffix, k = 4) with an API key;
 * ``small``: ``--max-num-seqs 2 --max-waiting-requests 2``, n-gram drafting (k = 3), one token per chunk;
   SIGTERM'd by the last server test.
 Plain decoding and an injected engine fault run on servers inside this process (uvicorn on a thread).

@@ -117,9 +117,10 @@ def parse_speculative_config(text: str | None, default: SpecConfig | None = None
 
 
 def family_default(target) -> SpecConfig:
-    """The speculation a user gets without the flag: the family's default draft at k = 4 for a family
-    model, none for any other model."""
-    from ..defaults import default_draft
+    """The speculation a user gets without the flag: for a family model, the default drafter (the EAGLE head with
+    suffix decoding, chosen on the held-out set: ``speclab bench serve --prompt-mode fresh``) at k = 4; none for
+    any other model."""
+    from ..defaults import default_drafter
 
     try:
         from .. import family
@@ -129,7 +130,7 @@ def family_default(target) -> SpecConfig:
         return OFF
     if Path(target.path).resolve() not in paths:
         return OFF
-    draft = default_draft()
+    draft = default_drafter()
     if draft == "ngram":
         return SpecConfig("ngram", None, DEFAULT_K, 3, 1)
     return SpecConfig("draft_model", draft, DEFAULT_K)
