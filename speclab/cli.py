@@ -204,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "target", "x") is None:
         args.target = default_target()
     if getattr(args, "draft", "x") is None:
-        serving = args.command == "generate" or (args.command == "bench" and getattr(args, "mode", "") == "serve")
-        args.draft = default_drafter() if serving else default_draft()  # what generate and serve run by default
+        # generate and serve run the default drafter; bench serve measures the server's default, except beside a
+        # peer, which gets the same pair (vLLM loads a draft model, not the family's head)
+        serving = args.command == "generate" or (args.command == "bench" and getattr(args, "mode", "") == "serve"
+                                                 and not getattr(args, "peer", None))
+        args.draft = default_drafter() if serving else default_draft()
     try:
         return args.func(args) or 0
     except SpeclabError as e:

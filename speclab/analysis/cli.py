@@ -124,7 +124,9 @@ def _serve_parser(sub) -> None:
     add_flags(p, "target", "draft", "k", "workload", "max_new_tokens", "reps", "full", "seed", "threads", "out",
               "quiet", workload=dict(help="workloads (default json,code; --full: all)"),
               max_new_tokens=dict(help="tokens per request (default 32; --full 64)"),
-              reps=dict(help="interleaved repetitions per load level, every server in turn (default 1)"))
+              reps=dict(help="interleaved repetitions per load level, every server in turn (default 1)"),
+              draft=dict(help="the speculative servers' drafter (default: speclab serve's, eagle+suffix; with "
+                              "--peer vllm the family's default draft model, which vLLM loads too)"))
     p.add_argument("--policy", dest="spec_policy", default=None, metavar="NAME",
                    help="the speculative server's draft-length policy (default: fixed k)")
     p.add_argument("--concurrency", default=None, help="concurrency levels, a comma list (default 1,2,4,... until "
