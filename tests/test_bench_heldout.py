@@ -23,8 +23,8 @@ def test_bad_input_is_one_line(args):
 @pytest.mark.slow
 @pytest.mark.skipif(resolve("target") is None, reason="family not trained")
 def test_heldout_table_and_json(tmp_path):
-    r = _run("--methods", "ngram,eagle+suffix", "--workload", "heldout_json", "--prompts-per-workload", "1", "--reps", "2",
-             "--max-new-tokens", "12", "--out", str(tmp_path))
+    r = _run("--methods", "ngram,eagle+suffix", "--workload", "heldout_json", "--prompts-per-workload", "1",
+             "--reps", "2", "--max-new-tokens", "12", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads((tmp_path / "heldout.json").read_text())["rows"]
     assert [x["method"] for x in rows] == ["plain again", "ngram", "eagle+suffix"]
