@@ -75,3 +75,15 @@ def test_layouts_smoke(tmp_path, capsys):
     assert [(r["batch"], r["k"]) for r in rep["end_to_end"]] == [(1, 0), (1, 2), (2, 0), (2, 2)]
     assert all(r["identical"] and len(r["ratios"]) == 3 for r in rep["end_to_end"])
     assert "engine's choice" in capsys.readouterr().out
+
+
+def test_bench_serve_takes_the_tokens_it_is_given():
+    from speclab.analysis.bench_serve import request_tokens
+    from speclab.cli import build_parser
+
+    def parsed(*argv):
+        return build_parser().parse_args(["bench", "serve", *argv])
+
+    assert request_tokens(parsed()) == 32 and request_tokens(parsed("--full")) == 64
+    assert request_tokens(parsed("--max-new-tokens", "64")) == 64  # the default of the other commands, asked for
+    assert request_tokens(parsed("--max-new-tokens", "16", "--full")) == 16

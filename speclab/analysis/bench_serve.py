@@ -158,6 +158,11 @@ def speculative_config_for(args) -> dict:
     return spec
 
 
+def request_tokens(args) -> int:
+    """max_tokens per request: ``--max-new-tokens`` when given, else 32 (64 with ``--full``)."""
+    return args.max_new_tokens or (64 if args.full else 32)
+
+
 def _vllm_spec(spec: dict) -> tuple[dict | None, str | None]:
     """speclab's speculative config (as :func:`speculative_config_for` gives it: every key present) in vLLM's
     terms, draft models as directories; or (None, why not)."""
@@ -232,7 +237,7 @@ def run_serve_bench(args) -> int:
     workloads = workload_names(args.workload) if args.workload is not None or full else ["json", "code"]
     max_c = args.max_concurrency or (64 if full else 16)
     fixed = levels_to_run(args.concurrency, max_c)
-    max_tokens = args.max_new_tokens if args.max_new_tokens != 64 or full else 32
+    max_tokens = request_tokens(args)
     spec = speculative_config_for(args)
     quiet = args.quiet
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))

@@ -27,7 +27,8 @@ def check_numbers(args) -> None:
         check_int("--prompts-per-workload", args.prompts_per_workload, 1, 100_000)
     if getattr(args, "threads", None) is not None:
         check_threads(args.threads)
-    check_max_new_tokens(args.max_new_tokens, name="--max-new-tokens")
+    if getattr(args, "max_new_tokens", None) is not None:
+        check_max_new_tokens(args.max_new_tokens, name="--max-new-tokens")
     if isinstance(getattr(args, "k", None), int):
         check_k(args.k)
     if getattr(args, "requests", None) is not None:
@@ -123,7 +124,7 @@ def _serve_parser(sub) -> None:
                        "--peer vllm)")
     add_flags(p, "target", "draft", "k", "workload", "max_new_tokens", "reps", "full", "seed", "threads", "out",
               "quiet", workload=dict(help="workloads (default json,code; --full: all)"),
-              max_new_tokens=dict(help="tokens per request (default 32; --full 64)"),
+              max_new_tokens=dict(default=None, help="tokens per request (default 32; --full 64)"),
               reps=dict(help="interleaved repetitions per load level, every server in turn (default 1)"),
               draft=dict(help="the speculative servers' drafter (default: speclab serve's, eagle+suffix; with "
                               "--peer vllm the family's default draft model, which vLLM loads too)"))
