@@ -23,11 +23,11 @@ if __package__ in (None, ""):  # run as `python benchmarks/NAME.py`: the root on
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
-import json
 import statistics
 import time
 from pathlib import Path
 
+from speclab.analysis.flags import write_json
 from speclab.tables import num
 
 SHAPES = ((1, 1), (1, 2), (1, 3), (1, 5), (2, 1), (4, 1), (8, 1), (2, 5), (12, 1), (16, 1), (32, 1), (8, 5))
@@ -160,10 +160,8 @@ def run_layouts_bench(args) -> int:
     lines.append(f"({time.perf_counter() - t0:.0f} s)")
     print("\n".join(lines))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"few_rows": [lo, hi], "forwards": forwards, "end_to_end": e2e,
-                                               "workload": wl, "draft": draft_name}, indent=1))
-        print(f"wrote {args.json}")
+        write_json(args.json, {"few_rows": [lo, hi], "forwards": forwards, "end_to_end": e2e, "workload": wl,
+                               "draft": draft_name})
     return 0
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python benchmarks/NAME.py`: the root on the path, siblings as benchmarks.NAME
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import json
 import math
 import time
 
+from speclab.analysis.flags import write_json
 from speclab.engine.policies import POSITION_PRIORS, AcceptanceTracker, PolicyView, RowView
 
 GRID_DECAY = (0.8, 0.9, 0.95, 0.98)
@@ -129,10 +129,8 @@ def run_tracker_fit(args) -> int:
     print(f"best: {table['best']} ({table['mean'][table['best']]:.3f} of the defaults' log-loss); "
           f"{time.perf_counter() - t0:.0f} s")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**table, "draft": drafter, "workloads": workloads, "ks": ks,
-                       "max_new_tokens": args.max_new_tokens, "histories": hist}, f)
-        print(f"wrote {args.json}")
+        write_json(args.json, {**table, "draft": drafter, "workloads": workloads, "ks": ks,
+                               "max_new_tokens": args.max_new_tokens, "histories": hist})
     return 0
 
 
