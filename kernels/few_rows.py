@@ -112,6 +112,8 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 def matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """``x @ W.T`` for x (..., K) float32 with at most a few rows, from ``pack(W)``; the kernel must be loaded."""
     n_panels, k, _ = packed.shape
+    if x.shape[-1] != k or x.dtype != torch.float32:  # the C side trusts both: a mismatch would read out of bounds
+        raise ValueError(f"few_rows.matmul: x (..., {x.shape[-1]}) {x.dtype} against packed weights of K = {k}")
     x = x.contiguous()
     y = x.new_empty(x.shape[:-1] + (n_panels * PANEL,))
     _state["fn"](x.data_ptr(), x.numel() // k, k, packed.data_ptr(), n_panels * PANEL, y.data_ptr())

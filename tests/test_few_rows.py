@@ -53,6 +53,14 @@ def test_a_non_contiguous_activation_is_read_as_its_values():
     torch.testing.assert_close(few_rows.matmul(x, few_rows.pack(w)), x @ w.t(), rtol=1e-5, atol=1e-4)
 
 
+@needs_kernel
+def test_an_activation_of_another_width_or_dtype_is_refused():
+    p = few_rows.pack(torch.randn(16, 8))
+    for x in (torch.randn(2, 9), torch.randn(2, 8, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="K = 8"):
+            few_rows.matmul(x, p)
+
+
 def test_only_float32_cpu_weights_of_whole_panels_are_packed():
     assert few_rows.packable(torch.zeros(32, 8))
     assert not few_rows.packable(torch.zeros(40, 8))  # 2.5 panels
