@@ -925,7 +925,10 @@ SERVE_CONFIGS = {
     "plain": dict(speculative_config="none"),
     "fixed": dict(),
     "split": dict(split_tokens=True),
-    "adaptive": dict(policy="batch-table:1-1=4,2-=0"),
+    # the adaptive verdict's thresholds were set on this server with the draft model: keep that pair
+    "adaptive": dict(policy="batch-table:1-1=4,2-=0",
+                     speculative_config='{"method": "draft_model", "model": "draft-xs-distill", '
+                                        '"num_speculative_tokens": 4}'),
 }
 
 
