@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -88,6 +89,8 @@ def parse_args(argv=None):
     p.add_argument("--k", type=int, default=4, help="draft length of the verification step (default 4)")
     p.add_argument("--repeats", type=int, default=7, help="timed runs per step, the fastest kept (default 7)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--ship", action="store_true", help="also write the table the app and `speclab models --presets` "
+                   "show (speclab/models/preset_steps.json); run it on an idle machine")
     return p.parse_args(argv)
 
 
@@ -128,7 +131,26 @@ def main(argv=None) -> int:
             "dtype": "float32", "torch": torch.__version__}
     (out / "preset_step_time.json").write_text(json.dumps({"meta": meta, "models": rows, "pairs": pairs}, indent=2))
     print(f"wrote {out / 'preset_step_time.json'}")
+    if args.ship:
+        ship(meta, rows, pairs)
     return 0
+
+
+def ship(meta: dict, rows: dict, pairs: dict) -> None:
+    """The figures the app and ``speclab models --presets`` show before a download (rounded; where they came from)."""
+    import platform
+
+    path = Path(__file__).resolve().parents[1] / "speclab" / "models" / "preset_steps.json"
+    doc = {"measured_on": f"{os.cpu_count()}-core {platform.machine()} CPU, {meta['threads']} torch thread(s), float32 "
+                          "random weights",
+           "command": "python benchmarks/preset_step_time.py --out results/presets --ship", "meta": meta,
+           "models": {k: {"decode_ms": round(v["decode_ms"], 1), "verify_ms": round(v["verify_ms"], 1)}
+                      for k, v in rows.items()},
+           "pairs": {k: {"round_ms": round(v["round_ms"], 1), "plain_token_ms": round(v["plain_token_ms"], 1),
+                         "break_even_tokens_per_round": round(v["break_even_tokens_per_round"], 2)}
+                     for k, v in pairs.items()}}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

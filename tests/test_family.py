@@ -131,6 +131,24 @@ def test_models_presets_command(capsys):
     assert main(["models", "--presets"]) == 0
     text = capsys.readouterr().out
     assert "qwen2.5-7b" in text and "published:" in text and "--target" in text
+    assert text.count("speculation pays above") == len(PRESETS) and "preset_step_time.py" in text
+
+
+def test_every_preset_has_its_step_times_and_they_add_up():
+    """preset_steps.json (benchmarks/preset_step_time.py --ship) measures every preset's models, and each pair's
+    round is its k draft steps and one verify, its break-even that round over a plain step."""
+    from speclab.app.config import preset_label
+    from speclab.models.presets import PRESETS, step_times
+
+    t = step_times()
+    k = t["meta"]["k"]
+    for name, p in PRESETS.items():
+        draft, target, pair = t["models"][p.draft], t["models"][p.target], t["pairs"][name]
+        assert pair["round_ms"] == pytest.approx(k * draft["decode_ms"] + target["verify_ms"], abs=0.5), name
+        assert pair["break_even_tokens_per_round"] == pytest.approx(pair["round_ms"] / target["decode_ms"], abs=0.02)
+        label = preset_label(name, "target")
+        assert f"a decode step ~{target['decode_ms']:.0f} ms" in label and "pays above" in label
+        assert "decode step" not in preset_label(name, "draft")
 
 
 def test_train_command_sends_heads_to_the_head_trainer_and_the_module_entry_offers_models_only(capsys):

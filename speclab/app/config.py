@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..defaults import default_drafter
 from ..errors import SpeclabError
 from ..limits import truthy
-from ..models.presets import find_preset, preset_names
+from ..models.presets import find_preset, measured, preset_names
 
 # the app's own ranges (what its controls offer); the checks themselves are speclab.limits'
 MAX_K = 16
@@ -179,4 +179,7 @@ def preset_label(name: str, role: str) -> str | None:
         return None
     hub, shape = (p.draft, p.draft_shape) if role == "draft" else (p.target, p.target_shape)
     gb = shape.parameters() * 2 / 1e9  # bf16 checkpoints: 2 bytes a parameter
-    return f"{p.name}: {hub} (hub, ~{gb:.1f} GB download on first use)"
+    m = measured(p.name) if role != "draft" else None
+    step = f"; a decode step ~{m['decode_ms']:.0f} ms, pays above {m['break_even_tokens_per_round']:.1f} tokens a " \
+           f"round on a {m['measured_on'].split(',')[0]}" if m else ""
+    return f"{p.name}: {hub} (hub, ~{gb:.1f} GB download on first use{step})"

@@ -9,7 +9,7 @@ from .args import add_train_arguments
 
 
 def cmd_presets(args) -> int:
-    from ..models.presets import rows
+    from ..models.presets import rows, step_times
 
     table = rows()
     if args.json:
@@ -24,7 +24,13 @@ def cmd_presets(args) -> int:
             print(f"{'':<14} published: {r['published']} [{r['source']}]")
         for note in r["notes"]:
             print(f"{'':<14} note: {note}")
+        m = r["measured"]
+        if m:
+            print(f"{'':<14} measured ({m['measured_on']}): a decode step {m['decode_ms']:.0f} ms, a round at k = 4 "
+                  f"{m['round_ms']:.0f} ms; speculation pays above {m['break_even_tokens_per_round']:.2f} tokens a "
+                  f"round")
     print("use a name as --target (the pair's target) or --draft (its draft); downloads on first use")
+    print(f"measured: {step_times().get('command', 'not measured')}")
     return 0
 
 

@@ -11,7 +11,10 @@ and that fallback.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import SpeclabError
 
@@ -107,11 +110,30 @@ def offline_error(p: Preset, hub_id: str, why: str) -> SpeclabError:
     return SpeclabError(f"preset '{p.name}' needs {hub_id} from the hub, which {why}; {FALLBACK}")
 
 
+@functools.lru_cache(maxsize=1)
+def step_times() -> dict:
+    """The step times measured at each preset's real shapes before any download (preset_steps.json, written by
+    ``python benchmarks/preset_step_time.py --ship``): {"measured_on", "command", "models", "pairs"}; {} without."""
+    path = Path(__file__).with_name("preset_steps.json")
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def measured(name: str) -> dict | None:
+    """A preset's measured step costs: decode and verify ms of its target, the round at k = 4, the tokens a round
+    must emit to pay, where they were measured; None if not measured."""
+    t = step_times()
+    p, pair = PRESETS.get(name), t.get("pairs", {}).get(name)
+    if p is None or pair is None or p.target not in t.get("models", {}):
+        return None
+    return {**t["models"][p.target], **pair, "measured_on": t["measured_on"], "command": t["command"]}
+
+
 def rows() -> list[dict]:
     """One row per preset for ``speclab models --presets`` and the app (plain data)."""
     out = []
     for p in PRESETS.values():
         out.append({"name": p.name, "target": p.target, "draft": p.draft, "eagle3_head": p.head,
                     "target_parameters": p.target_shape.parameters(), "draft_parameters": p.draft_shape.parameters(),
-                    "published": p.published, "source": p.source, "notes": list(p.notes)})
+                    "published": p.published, "source": p.source, "notes": list(p.notes),
+                    "measured": measured(p.name)})
     return out
