@@ -98,6 +98,12 @@ def disabled(why: str = "turned off for this block"):
             _state.update(saved)
 
 
+def takes(x: torch.Tensor) -> bool:
+    """Whether a matmul of activations ``x`` (..., K) goes through the kernel rather than torch's: at most
+    MAX_ROWS rows, and one torch thread (the kernel runs on one; with more, torch's GEMM uses them all)."""
+    return x.numel() // x.shape[-1] <= MAX_ROWS and torch.get_num_threads() == 1
+
+
 def packable(w: torch.Tensor) -> bool:
     """Whether a weight (N, K) can be packed: float32 on the CPU, N a whole number of panels."""
     return w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[0] % PANEL == 0

@@ -32,8 +32,7 @@ DEFAULT_DRAFTER = "eagle+suffix"  # the fastest drafter on the held-out set: spe
 def default_drafter() -> str:
     """What ``speclab generate``, ``speclab serve`` and the app's first screen speculate with: the EAGLE head with
     suffix decoding where the context repeats, when the family's head is shipped; else the default draft model.
-    (A server with it has no prefix cache: the scheduler turns it off for drafters that read the target's
-    features.)"""
+    (A server's prefix cache keeps the head's features with each prefix.)"""
     try:
         from .drafters.heads import head_dir
 

@@ -264,10 +264,9 @@ class NativeLlama:
     @staticmethod
     def _lin(x: torch.Tensor, w) -> torch.Tensor:
         if isinstance(w, Weight):
-            m = x.numel() // x.shape[-1]
-            if w.p is not None and m <= few_rows.MAX_ROWS and torch.get_num_threads() == 1:
+            if w.p is not None and few_rows.takes(x):
                 return few_rows.matmul(x, w.p)
-            if w.w is not None and FEW_ROWS[0] <= m <= FEW_ROWS[1]:
+            if w.w is not None and FEW_ROWS[0] <= x.numel() // x.shape[-1] <= FEW_ROWS[1]:
                 return F.linear(x, w.w)
             return x @ w.t
         return F.linear(x, w)

@@ -28,8 +28,8 @@ from .arrival import event_loop, stamp_listener, stamping_protocol
 SPEC_HELP = ("speculation, as vLLM's JSON: {\"method\": \"draft_model\"|\"ngram\"|\"synthetic\", \"model\": NAME, "
              "\"num_speculative_tokens\": K, \"prompt_lookup_max\": N, \"prompt_lookup_min\": N}, or 'none' for plain "
              "decoding; NAME may be any drafter `speclab models` lists. Default: for a model of the embedded family, "
-             "its default drafter (eagle+suffix: the EAGLE head, suffix decoding where the text repeats; no prefix "
-             "cache with it) with num_speculative_tokens 4; for any other model, none")
+             "its default drafter (eagle+suffix: the EAGLE head, suffix decoding where the text repeats) with "
+             "num_speculative_tokens 4; for any other model, none")
 
 
 def add_commands(sub) -> None:
