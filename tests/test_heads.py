@@ -142,6 +142,43 @@ def test_short_training_run_gives_a_working_head(tmp_path, target_lm, plain_out)
         assert out == [plain_out[p] for p in PROMPTS[:2]]
 
 
+def test_short_eagle3_training_writes_a_speculators_head(tmp_path, target_lm, plain_out):
+    """The eagle3 kind trains EAGLE-3's own layer (per-feature norms before fc, the target's LM head frozen) and
+    writes a speculators directory that speclab drafts from exactly; other target weights are refused."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from speclab.family.data import Data
+    from speclab.family.heads import HeadSpec, HeadTrainConfig, train_head
+
+    rng = np.random.default_rng(0)
+    stream = rng.integers(0, target_lm.vocab_size, 4000).astype(np.uint16)
+    data = Data(stream, stream[:600], {}, None, None)
+    cfg = HeadTrainConfig(out_dir=tmp_path / "out", runs_dir=tmp_path / "runs", eval_tokens=64, log_every=1000)
+    spec = HeadSpec("tiny-eagle3", "eagle3", tokens=4 * 32 * 3, lr=1e-3, batch=4, seq=32, warmup=1,
+                    feature_layers=(0, 1, 1), ttt=2, copy_schedule=(), code_schedule=())
+    hf = target_lm.hf_model
+    lm_before = hf.lm_head.weight.detach().clone()
+    entry = train_head(spec, cfg, hf, data, target_fingerprint(target_lm), log=lambda s: None)
+    assert entry["steps"] == 3 and len(entry["heldout_top1_agreement"]) == 2
+    d = tmp_path / "out" / "tiny-eagle3"
+    conf = json.loads((d / "config.json").read_text())
+    assert conf["fc_norm"] is True and conf["eagle_aux_hidden_state_layer_ids"] == [1, 2, 2]
+    w = load_file(str(d / "model.safetensors"))
+    assert {"fc_norm.0.weight", "fc_norm.2.weight"} <= set(w)
+    assert "d2t" not in w and "t2d" not in w  # the whole vocabulary: vLLM refuses an identity d2t
+    assert torch.equal(w["lm_head.weight"], lm_before)
+    assert not torch.equal(w["fc_norm.0.weight"], torch.ones_like(w["fc_norm.0.weight"]))  # trained: fuse uses them
+    out = SpeculativeDecoder(target_lm, make_drafter(str(d), target_lm)).generate(PROMPTS[:2], k=3,
+                                                                                  max_new_tokens=NEW).output_tokens
+    assert out == [plain_out[p] for p in PROMPTS[:2]]
+    (d / "speclab.json").write_text(json.dumps({"target_fingerprint": "0" * 16}))
+    with pytest.raises(SpeclabError, match="trained on other weights") as e:
+        make_drafter(str(d), target_lm)
+    assert "\n" not in str(e.value)
+
+
 def test_refusals(tmp_path, target_lm, random_heads, tiny):
     with pytest.raises(SpeclabError, match="no trained head"):
         make_drafter("eagle:head=/nonexistent/dir", target_lm)

@@ -144,13 +144,15 @@ def speculative_config_for(args) -> dict:
     """The speculative server's config (vLLM's JSON, checked by the server's own parser): the flag's, or the
     default draft at ``--k``."""
     from ..defaults import default_draft
+    from ..drafters.speculators import speculators_dir
     from ..serve.config import parse_speculative_config
 
     text = args.speculative_config
     if not text:
         draft = args.draft or default_draft()
-        text = json.dumps({"method": "ngram", "num_speculative_tokens": args.k} if draft == "ngram" else
-                          {"method": "draft_model", "model": draft, "num_speculative_tokens": args.k})
+        method = "ngram" if draft == "ngram" else "eagle3" if speculators_dir(draft) else "draft_model"
+        text = json.dumps({"method": "ngram", "num_speculative_tokens": args.k} if method == "ngram" else
+                          {"method": method, "model": draft, "num_speculative_tokens": args.k})
     spec = parse_speculative_config(text).to_json()
     if spec is None:
         raise SpeclabError("speclab bench serve compares plain and speculative decoding: give a speculative "
@@ -175,6 +177,8 @@ def _vllm_spec(spec: dict) -> tuple[dict | None, str | None]:
         if not Path(path).is_dir():
             return None, f"draft {spec['model']!r} is not a local directory vLLM can load"
         return {**spec, "model": str(path)}, None
+    if spec["method"] == "eagle3":  # the parser gave the speculators directory, which vLLM reads as it is
+        return dict(spec), None
     return None, f"vLLM has no equivalent of method {spec['method']!r}"
 
 

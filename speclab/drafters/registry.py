@@ -43,6 +43,20 @@ TREE_KEYS = ("tree", "nodes", "branch", "width", "depth", "trunk")
 _OPTION = re.compile(r"^[a-z_]+=[^=]*$|^\d+$|^tuned$")
 
 
+def _eagle_head(head: str, target):
+    """(module, config) of an EAGLE head by name or path: speclab's own format or a speculators directory."""
+    from .heads import load_head
+    from .speculators import load_speculators, speculators_dir
+
+    path = speculators_dir(head)
+    if path is not None:
+        return load_speculators(path, target)
+    module, cfg = load_head(head, target)
+    if cfg.kind != "eagle":
+        raise SpeclabError(f"head '{head}' is a {cfg.kind} head, not eagle")
+    return module, cfg
+
+
 def is_none(spec) -> bool:
     return spec is None or str(spec).strip().lower() in NONE_NAMES
 
@@ -116,10 +130,8 @@ def make_drafter(spec: str | None, target, load=load_model, **kw):
         min_match = int(opts.pop("min_match", 3))
         head = opts.pop("head", None) or "eagle"
         _no_more(base, opts)
-        module, cfg = load_head(head, target)
-        if cfg.kind != "eagle":
-            raise SpeclabError(f"head '{head}' is a {cfg.kind} head, not eagle")
-        return HybridDrafter(EagleDrafter(target, module, cfg, TreeShape(), name="eagle"), min_match=min_match)
+        module, cfg = _eagle_head(head, target)
+        return HybridDrafter(EagleDrafter(target, module, cfg, TreeShape(), name=head), min_match=min_match)
     if low.startswith("synthetic"):
         from .synthetic import SyntheticDrafter
 
@@ -146,20 +158,22 @@ def make_drafter(spec: str | None, target, load=load_model, **kw):
         tree = _tree(opts)
         head = opts.pop("head", None) or low
         _no_more(base, opts)
+        if low == "eagle":
+            return EagleDrafter(target, *_eagle_head(head, target), tree, name=low)
         module, cfg = load_head(head, target)
         if cfg.kind != low:
             raise SpeclabError(f"head '{head}' is a {cfg.kind} head, not {low}")
-        cls = EagleDrafter if low == "eagle" else MedusaDrafter
-        return cls(target, module, cfg, tree, name=low)
+        return MedusaDrafter(target, module, cfg, tree, name=low)
     tree = _tree(opts)
     _no_more(base, opts)
-    from .speculators import is_speculators_dir
+    from .speculators import speculators_dir
 
-    if is_speculators_dir(base):  # an EAGLE-3 head in the speculators format (vLLM's, SGLang's)
+    path = speculators_dir(base)
+    if path is not None:  # an EAGLE-3 head in the speculators format (vLLM's, SGLang's; the family's eagle3)
         from .heads import EagleDrafter
         from .speculators import load_speculators
 
-        module, cfg = load_speculators(base, target)
+        module, cfg = load_speculators(path, target)
         return EagleDrafter(target, module, cfg, tree, name="eagle3")
     draft = load(base, device=target.device, dtype=target.dtype, role="draft")
     check_same_tokenizer(target, draft)

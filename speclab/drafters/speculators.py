@@ -5,6 +5,7 @@ config under ``transformer_layer_config``, ``draft_vocab_size``, ``norm_before_r
 read under ``eagle_aux_hidden_state_layer_ids``, the verifier under ``speculators_config``) and safetensors
 weights::
 
+    [fc_norm.{0,1,2}.weight]              optional (``fc_norm``): an RMSNorm per target feature before fc
     fc.weight (C, 3 C) [fc.bias]          the three target features, concatenated, to one (g)
     layers.0.input_layernorm.weight       RMSNorm of the token's embedding
     layers.0.hidden_norm.weight           RMSNorm of g
@@ -13,6 +14,8 @@ weights::
     norm.weight, lm_head.weight (Vd, C)   the head's own LM head over a draft vocabulary of Vd tokens
     d2t (Vd,)                             draft id -> target id offset: target = draft + d2t[draft]
     t2d (V,) bool                         which target ids the draft vocabulary has
+                                          (both absent when the draft vocabulary is the target's: vLLM
+                                          refuses a d2t there, and the mapping is the identity)
     embed_tokens.weight (V, C)            optional; EAGLE-3 trains with the target's frozen embedding
 
 The residual stream of the layer is g (``norm_before_residual``: the normed g). :class:`Eagle3Head` computes
@@ -42,7 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import SpeclabError
-from .heads import EagleHead, HeadConfig, rms, rope
+from .heads import HEADS_DIR, EagleHead, HeadConfig, rms, rope, target_fingerprint
 
 SPECULATORS_VERSION = "0.1.0"
 
@@ -57,6 +60,13 @@ def is_speculators_dir(path) -> bool:
         return False
 
 
+def speculators_dir(spec: str) -> Path | None:
+    """The speculators directory a drafter spec names: a shipped head of the family (``eagle3``) or a path."""
+    if "/" not in spec and is_speculators_dir(HEADS_DIR / spec):
+        return HEADS_DIR / spec
+    return Path(spec).expanduser() if is_speculators_dir(spec) else None
+
+
 def default_aux_ids(num_layers: int) -> list[int]:
     """vLLM's default for EAGLE-3: the states entering layers 2, L // 2 and L - 3."""
     return [2, num_layers // 2, num_layers - 3]
@@ -66,11 +76,14 @@ class Eagle3Head(nn.Module):
     """EAGLE-3's decoder layer with the interface of the family's :class:`EagleHead` (``fuse``, ``qkv``, ``finish``,
     ``out``) and its own LM head (``logits``: draft vocabulary scattered into the target's, -inf elsewhere)."""
 
-    def __init__(self, cfg: HeadConfig, draft_vocab: int, fc_bias: bool = False, norm_before_residual: bool = False):
+    def __init__(self, cfg: HeadConfig, draft_vocab: int, fc_bias: bool = False, norm_before_residual: bool = False,
+                 fc_norm: bool = False):
         super().__init__()
         self.cfg = cfg
         C, H, Hkv, D = cfg.hidden, cfg.attn_heads, cfg.kv_heads, cfg.head_dim
         self.norm_before_residual = norm_before_residual
+        n = len(cfg.feature_layers)
+        self.fc_norm = nn.ParameterList([nn.Parameter(torch.ones(C)) for _ in range(n)]) if fc_norm else None
         self.fc = nn.Linear(len(cfg.feature_layers) * C, C, bias=fc_bias)
         self.input_layernorm = nn.Parameter(torch.ones(C))
         self.hidden_norm = nn.Parameter(torch.ones(C))
@@ -91,7 +104,10 @@ class Eagle3Head(nn.Module):
         pass  # plain nn.Linear calls: nothing to prepare
 
     def fuse(self, feats: list[torch.Tensor]) -> torch.Tensor:
-        """The target's features, one (..., C) per layer, raw (EAGLE-3 does not normalise them) -> g (..., C)."""
+        """The target's features, one (..., C) per layer -> g (..., C); each feature RMS-normalised first where the
+        head has ``fc_norm`` (the target's layers differ in scale), else raw, as most published heads read them."""
+        if self.fc_norm is not None:
+            feats = [rms(f, self.cfg.eps, w) for f, w in zip(feats, self.fc_norm)]
         return self.fc(torch.cat(feats, -1))
 
     def qkv(self, emb: torch.Tensor, g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -137,7 +153,8 @@ _NAMES = {  # speculators name -> Eagle3Head name
     "layers.0.mlp.down_proj.weight": "down_proj.weight", "norm.weight": "norm", "lm_head.weight": "lm_head.weight",
     "d2t": "d2t", "t2d": "t2d",
 }
-_OPTIONAL = ("fc.bias", "embed_tokens.weight", "t2d")
+_NAMES.update({f"fc_norm.{i}.weight": f"fc_norm.{i}" for i in range(3)})
+_OPTIONAL = ("fc.bias", "embed_tokens.weight", "d2t", "t2d", *(f"fc_norm.{i}.weight" for i in range(3)))
 
 
 def _read_weights(d: Path) -> dict[str, torch.Tensor]:
@@ -195,6 +212,7 @@ def load_speculators(path, target) -> tuple[Eagle3Head, HeadConfig]:
     if cfg.hidden != target.hidden_size or cfg.vocab != target.vocab_size:
         raise SpeclabError(f"speculators head '{path}' is for a target with hidden size {cfg.hidden} and vocabulary "
                            f"{cfg.vocab}; '{target.name}' has {target.hidden_size} and {target.vocab_size}")
+    _check_fingerprint(path, target)
     missing = [k for k in _NAMES if k not in w and k not in _OPTIONAL]
     if missing:
         raise SpeclabError(f"speculators head '{path}' lacks {', '.join(missing[:4])}")
@@ -205,15 +223,34 @@ def load_speculators(path, target) -> tuple[Eagle3Head, HeadConfig]:
         if not torch.allclose(emb[rows].float(), mine[rows].detach().float().cpu(), atol=1e-2, rtol=1e-2):
             raise SpeclabError(f"speculators head '{path}' was trained with an embedding that is not "
                                f"'{target.name}''s (speclab drafts with the target's own embedding)")
+    if raw.get("fc_norm") and any(f"fc_norm.{i}.weight" not in w for i in range(3)):
+        raise SpeclabError(f"speculators head '{path}' says fc_norm but lacks fc_norm.0-2.weight")
     head = Eagle3Head(cfg, int(w["lm_head.weight"].shape[0]), fc_bias="fc.bias" in w,
-                      norm_before_residual=bool(raw.get("norm_before_residual", False)))
+                      norm_before_residual=bool(raw.get("norm_before_residual", False)),
+                      fc_norm=bool(raw.get("fc_norm", False)))
     state = {mine: w[theirs] for theirs, mine in _NAMES.items() if theirs in w}
+    if "d2t" not in state:
+        if head.lm_head.weight.shape[0] != cfg.vocab:
+            raise SpeclabError(f"speculators head '{path}' has a draft vocabulary of {head.lm_head.weight.shape[0]} "
+                               f"tokens and no d2t mapping into the target's {cfg.vocab}")
+        state["d2t"] = torch.zeros(cfg.vocab, dtype=torch.long)
     state.setdefault("t2d", torch.zeros(cfg.vocab, dtype=torch.bool).index_fill_(
         0, torch.arange(state["d2t"].numel()) + state["d2t"], True))
     head.load_state_dict({k: (v if k in ("d2t", "t2d") else v.float()) for k, v in state.items()})
     head.to(device=target.device, dtype=target.dtype)
     head.d2t, head.t2d = head.d2t.long(), head.t2d.bool()
     return head.eval().requires_grad_(False), cfg
+
+
+def _check_fingerprint(path, target) -> None:
+    """A head speclab trained records the target weights it read (``speclab.json``); other weights are refused."""
+    try:
+        want = json.loads((Path(str(path)).expanduser() / "speclab.json").read_text()).get("target_fingerprint")
+    except (OSError, ValueError):
+        return
+    if want and want != target_fingerprint(target):
+        raise SpeclabError(f"speculators head '{path}' was trained on other weights than '{target.name}''s "
+                           f"(retrain it with `speclab train --heads`)")
 
 
 # ------------------------------------------------------------------------------------------------ save
@@ -234,6 +271,8 @@ def save_speculators(head, cfg: HeadConfig, directory, verifier: str = "", verif
     d.mkdir(parents=True, exist_ok=True)
     inv = {mine: theirs for theirs, mine in _NAMES.items()}
     sd = head.state_dict()
+    if head.lm_head.weight.shape[0] == cfg.vocab and not head.d2t.any():  # the identity: vLLM refuses a d2t here
+        sd = {k: v for k, v in sd.items() if k not in ("d2t", "t2d")}
     save_file({inv[k]: v.detach().cpu().contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
     n_layers = num_target_layers or (max(cfg.feature_layers) + 4)
     layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": cfg.hidden,
@@ -244,7 +283,8 @@ def save_speculators(head, cfg: HeadConfig, directory, verifier: str = "", verif
     config = {
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
         "speculators_version": SPECULATORS_VERSION, "draft_vocab_size": int(head.lm_head.weight.shape[0]),
-        "norm_before_residual": head.norm_before_residual, "target_hidden_size": None,
+        "norm_before_residual": head.norm_before_residual, "fc_norm": head.fc_norm is not None,
+        "target_hidden_size": None,
         "eagle_aux_hidden_state_layer_ids": [int(i) + 1 for i in cfg.feature_layers],
         "transformer_layer_config": layer, "num_target_layers": n_layers,
         "speculators_config": {

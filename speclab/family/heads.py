@@ -17,6 +17,10 @@ seed reproduces the shipped heads (up to float non-associativity across machines
   features of the previous position; step j reads the head's own step j-1 output there and attends to
   what the drafting chain will have (true keys up to p-j+1, its own earlier steps' keys at p-j+2 .. p);
   step j's loss (weight 0.8^(j-1)) is KL to the target's distribution at p.
+* **eagle3**: the same training-time test for EAGLE-3's own layer (:class:`~speclab.drafters.speculators.Eagle3Head`:
+  attention straight from [norm(embedding); norm(g)], g the residual, each target feature RMS-normalised before
+  fc), on the raw outputs of layers 1, 3 and 5 (vLLM's auxiliary hidden states 2, 4 and 6), with the target's
+  LM head frozen as its own. It is written in the ``speculators`` format, so vLLM serves the family with it too.
 * **exit-m**: the early-exit adapter on the output of the target's first m layers.
 """
 
@@ -46,7 +50,7 @@ RUNS = Path("runs/heads")
 @dataclass(frozen=True)
 class HeadSpec:
     name: str  # directory under speclab/family/heads/
-    kind: str  # medusa | eagle | exit
+    kind: str  # medusa | eagle | eagle3 | exit
     tokens: int  # training tokens
     lr: float
     batch: int = 8
@@ -71,6 +75,7 @@ class HeadSpec:
 
 HEAD_SPECS: list[HeadSpec] = [
     HeadSpec("eagle", "eagle", tokens=2_000_000, lr=2e-3),
+    HeadSpec("eagle3", "eagle3", tokens=2_000_000, lr=2e-3, feature_layers=(1, 3, 5)),
     HeadSpec("medusa", "medusa", tokens=1_500_000, lr=2e-3),
     HeadSpec("exit-3", "exit", tokens=600_000, lr=2e-3, exit_layer=3),
 ]
@@ -173,7 +178,8 @@ def _head_config(spec: HeadSpec, target, fingerprint: str, name: str):
     from ..drafters.heads import HeadConfig
 
     c = target.config
-    return HeadConfig(kind=spec.kind, hidden=c.hidden_size, vocab=target.lm_head.weight.shape[0], eps=c.rms_norm_eps,
+    kind = "eagle" if spec.kind == "eagle3" else spec.kind  # an EAGLE-3 layer drafts through the EAGLE drafter
+    return HeadConfig(kind=kind, hidden=c.hidden_size, vocab=target.lm_head.weight.shape[0], eps=c.rms_norm_eps,
                       n_heads=spec.n_heads, feature_layers=tuple(spec.feature_layers),
                       attn_heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
                       head_dim=c.hidden_size // c.num_attention_heads, ffn=c.intermediate_size,
@@ -181,10 +187,27 @@ def _head_config(spec: HeadSpec, target, fingerprint: str, name: str):
                       exit_layer=spec.exit_layer, target=name, target_fingerprint=fingerprint)
 
 
+def _new_eagle3(hcfg, target):
+    """EAGLE-3's layer over the whole vocabulary, its LM head the target's (frozen): vLLM reads the head's own."""
+    from ..drafters.speculators import Eagle3Head
+
+    module = Eagle3Head(hcfg, hcfg.vocab, fc_norm=True)
+    with torch.no_grad():
+        module.lm_head.weight.copy_(target.lm_head.weight.detach().float())
+        module.t2d.fill_(True)
+        module.norm.copy_(target.model.norm.weight.detach().float())
+        module.o_proj.weight.mul_(0.1)  # the residual branches start small
+        module.down_proj.weight.mul_(0.1)
+    module.lm_head.weight.requires_grad_(False)
+    return module
+
+
 def _new_module(spec: HeadSpec, hcfg, target, seed: int):
     from ..drafters.heads import MODULES
 
     torch.manual_seed(seed)
+    if spec.kind == "eagle3":
+        return _new_eagle3(hcfg, target)
     module = MODULES[spec.kind](hcfg)
     final_norm = target.model.norm.weight.detach().float()
     with torch.no_grad():
@@ -205,7 +228,7 @@ def _step_loss(spec: HeadSpec, module, target, x: torch.Tensor, cos, sin, bf16: 
     t_logp = F.log_softmax(out.logits.float(), -1)  # (B, T, V)
     hs = [h.float() for h in out.hidden_states]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        if spec.kind == "eagle":
+        if spec.kind in ("eagle", "eagle3"):
             emb = target.model.embed_tokens.weight.detach()[x]  # (B, T, C)
             feats = [hf_feature(hs, layer) for layer in spec.feature_layers]
             return eagle_losses(module, emb, feats, lm_w, t_logp, spec.ttt, cos, sin)
@@ -248,7 +271,7 @@ def evaluate(spec: HeadSpec, module, target, data, cos, sin, max_tokens: int, bf
 
 def train_head(spec: HeadSpec, cfg: HeadTrainConfig, target, data, fingerprint: str, log=print) -> dict:
     """Train (or resume) one head; returns its manifest entry."""
-    from ..drafters.heads import rope_tables, save_head
+    from ..drafters.heads import rope_tables
 
     tokens = max(spec.batch * spec.seq, int(spec.tokens * cfg.minutes_scale))
     total = max(1, tokens // (spec.batch * spec.seq))
@@ -303,11 +326,25 @@ def train_head(spec: HeadSpec, cfg: HeadTrainConfig, target, data, fingerprint: 
                  "command": f"speclab train --heads --only {spec.name} --seed {cfg.seed}"
                             + (f" --minutes-scale {cfg.minutes_scale}" if cfg.minutes_scale != 1.0 else ""),
                  **metrics}
-    save_head(module, hcfg, Path(cfg.out_dir) / spec.name)
+    _save(spec, module, hcfg, Path(cfg.out_dir) / spec.name, target)
     (run / "done.json").write_text(json.dumps(hcfg.meta, indent=2))
     log(f"[{spec.name}] done: {hcfg.meta['parameters']:,} params, {hcfg.meta['tokens_seen']:,} tokens, "
         f"{seconds:.0f} s; held-out {metrics}")
     return {"name": spec.name, "kind": spec.kind, "path": f"heads/{spec.name}", **hcfg.meta}
+
+
+def _save(spec: HeadSpec, module, hcfg, directory: Path, target) -> None:
+    from ..drafters.heads import save_head
+    from ..drafters.speculators import save_speculators
+
+    if spec.kind != "eagle3":
+        save_head(module, hcfg, directory)
+        return
+    save_speculators(module, hcfg, directory, verifier=hcfg.target,
+                     verifier_architectures=list(getattr(target.config, "architectures", None) or []),
+                     num_target_layers=int(target.config.num_hidden_layers))
+    (directory / "speclab.json").write_text(json.dumps({"target_fingerprint": hcfg.target_fingerprint,
+                                                        **hcfg.meta}, indent=2) + "\n")
 
 
 def _record_manifest(entries: list[dict]) -> None:

@@ -6,6 +6,8 @@ draft-length policy built from it.
     {"method": "draft_model", "model": "draft-xs-distill", "num_speculative_tokens": 4}
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     {"method": "suffix", "num_speculative_tokens": 4}   (suffix decoding, speclab.drafters.suffix_tree)
+    {"method": "eagle3", "model": "eagle3", "num_speculative_tokens": 4}   (an EAGLE-3 head in the speculators
+        format: the family's own "eagle3", or a directory, which vLLM reads with the same JSON)
     {"method": "synthetic", "model": "synthetic:0.8", "num_speculative_tokens": 4}   (speclab only)
 
 ``method`` may be left out: "ngram" when ``model`` is "ngram", else "draft_model". ``num_speculative_tokens``
@@ -25,7 +27,7 @@ from pathlib import Path
 from ..errors import SpeclabError
 from ..limits import MAX_K, check_int
 
-METHODS = ("draft_model", "ngram", "suffix", "synthetic")
+METHODS = ("draft_model", "ngram", "suffix", "synthetic", "eagle3")
 KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
 DEFAULT_K = 4
 OFF_WORDS = ("none", "null", "off", "")
@@ -113,7 +115,18 @@ def parse_speculative_config(text: str | None, default: SpecConfig | None = None
         model = model if model and model.startswith("suffix") else "suffix"
     if method == "synthetic":
         model = model if model and model.startswith("synthetic") else f"synthetic:{model}" if model else "synthetic"
+    if method == "eagle3":
+        model = _eagle3_dir(model or "eagle3")
     return SpecConfig(method, model, k)
+
+
+def _eagle3_dir(model: str) -> str:
+    from ..drafters.speculators import speculators_dir
+
+    path = speculators_dir(model)
+    if path is None:
+        raise SpeclabError(f"--speculative-config: method 'eagle3' reads a speculators directory; {model!r} is not one")
+    return str(path)
 
 
 def family_default(target) -> SpecConfig:
