@@ -397,6 +397,30 @@ def test_eagle3_speculators_round_trip(target_lm, tmp_path):
     assert proposed and all(t % 2 == 0 for t in proposed)  # only ids the draft vocabulary maps to
 
 
+def test_eagle3_frozen_matmuls_compute_the_same_layer(target_lm):
+    """freeze() fuses q/k/v and gate/up into transposed (and, where the few-row kernel runs, packed) weights: the
+    layer's every output stays what the plain nn.Linear calls give."""
+    from speclab.drafters.heads import rope_tables
+
+    head, cfg = _eagle3(target_lm, draft_vocab=target_lm.vocab_size // 2)
+    g = torch.Generator().manual_seed(0)
+    C, T = cfg.hidden, 5
+    feats = [torch.randn(1, T, C, generator=g) for _ in cfg.feature_layers]
+    emb = torch.randn(1, T, C, generator=g)
+    cos, sin = rope_tables(cfg.head_dim, cfg.rope_theta, T)
+
+    def run():
+        gg = head.fuse(feats)
+        x, q, k, v = head.qkv(emb, gg, cos, sin)
+        h = head.finish(x, q, k, v, None)
+        return [gg, x, q, k, v, h, head.logits(h)]
+
+    before = run()
+    head.freeze()
+    for a, b in zip(before, run()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_speculators_refusals_are_one_line(target_lm, tmp_path):
     import json
 

@@ -45,6 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import SpeclabError
+from ..kernels import few_rows
 from .heads import HEADS_DIR, EagleHead, HeadConfig, rms, rope, target_fingerprint
 
 SPECULATORS_VERSION = "0.1.0"
@@ -99,47 +100,79 @@ class Eagle3Head(nn.Module):
         self.lm_head = nn.Linear(C, draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab, dtype=torch.bool))
+        self._wt: dict[str, torch.Tensor] = {}
+        self._panels: dict[str, torch.Tensor] = {}
+        self._identity = False
 
     def freeze(self) -> None:
-        pass  # plain nn.Linear calls: nothing to prepare
+        """Inference on a CPU: each matmul's weight transposed (q, k and v as one, gate and up as one) and packed
+        for the few-row kernel where it runs, as the family's head does; the whole-vocabulary identity mapping
+        skips the scatter into the target's vocabulary."""
+        self._identity = self.lm_head.weight.shape[0] == self.cfg.vocab and not bool(self.d2t.any())
+        if self.fc.weight.device.type != "cpu":
+            return
+        self._wt = {name: self._weight(name).t().contiguous() for name in _MATMULS}
+        if few_rows.load() is not None:
+            self._panels = {name: few_rows.pack(self._weight(name)) for name in _MATMULS
+                            if few_rows.packable(self._weight(name))}
+
+    def _weight(self, name: str) -> torch.Tensor:
+        parts = _FUSED.get(name, (name,))
+        ws = [getattr(self, part).weight for part in parts]
+        return ws[0] if len(ws) == 1 else torch.cat(ws, 0)
+
+    def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        p = self._panels.get(name)
+        if p is not None and few_rows.takes(x):
+            return few_rows.matmul(x, p)
+        wt = self._wt.get(name)
+        return x @ wt if wt is not None else F.linear(x, self._weight(name))
 
     def fuse(self, feats: list[torch.Tensor]) -> torch.Tensor:
         """The target's features, one (..., C) per layer -> g (..., C); each feature RMS-normalised first where the
         head has ``fc_norm`` (the target's layers differ in scale), else raw, as most published heads read them."""
         if self.fc_norm is not None:
             feats = [rms(f, self.cfg.eps, w) for f, w in zip(feats, self.fc_norm)]
-        return self.fc(torch.cat(feats, -1))
+        g = self._lin(torch.cat(feats, -1), "fc")
+        return g if self.fc.bias is None else g + self.fc.bias
 
     def qkv(self, emb: torch.Tensor, g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """As :meth:`EagleHead.qkv`: -> residual (n, T, C), q (n, H, T, D), k, v (n, Hkv, T, D) (k rotated)."""
         c = self.cfg
         n, T, _ = emb.shape
+        H, Hkv, D = c.attn_heads, c.kv_heads, c.head_dim
         g_normed = rms(g, c.eps, self.hidden_norm)
         residual = g_normed if self.norm_before_residual else g
         x = torch.cat([rms(emb, c.eps, self.input_layernorm), g_normed], -1)  # (n, T, 2C)
-        q = rope(self.q_proj(x).view(n, T, c.attn_heads, c.head_dim).transpose(1, 2), cos, sin)
-        k = rope(self.k_proj(x).view(n, T, c.kv_heads, c.head_dim).transpose(1, 2), cos, sin)
-        v = self.v_proj(x).view(n, T, c.kv_heads, c.head_dim).transpose(1, 2)
-        return residual, q, k, v
+        qkv = self._lin(x, "qkv")  # (n, T, (H + 2 Hkv) D)
+        qk = rope(qkv[..., : (H + Hkv) * D].view(n, T, H + Hkv, D).transpose(1, 2), cos, sin)  # q and k at once
+        v = qkv[..., (H + Hkv) * D:].view(n, T, Hkv, D).transpose(1, 2)
+        return residual, qk[:, :H], qk[:, H:], v
 
     def finish(self, x, q, k, v, mask) -> torch.Tensor:
         c = self.cfg
         n, _, T, _ = q.shape
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=c.kv_heads != c.attn_heads)
-        x = x + self.o_proj(y.transpose(1, 2).reshape(n, T, -1))
-        z = rms(x, c.eps, self.post_attention_layernorm)
-        return x + self.down_proj(F.silu(self.gate_proj(z)) * self.up_proj(z))
+        x = x + self._lin(y.transpose(1, 2).reshape(n, T, -1), "o_proj")
+        gate, up = self._lin(rms(x, c.eps, self.post_attention_layernorm), "gate_up").chunk(2, -1)
+        return x + self._lin(F.silu(gate) * up, "down_proj")
 
     def out(self, h: torch.Tensor) -> torch.Tensor:
         return rms(h, self.cfg.eps, self.norm)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h (..., C) -> (..., V) over the target's vocabulary: the draft vocabulary's logits at their target ids."""
-        small = self.lm_head(self.out(h))  # (..., Vd)
+        small = self._lin(self.out(h), "lm_head")  # (..., Vd)
+        if self._identity:
+            return small
         full = small.new_full((*small.shape[:-1], self.cfg.vocab), float("-inf"))
         ids = torch.arange(small.shape[-1], device=small.device) + self.d2t  # (Vd,) target ids
         full[..., ids] = small
         return full
+
+
+_FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
+_MATMULS = ("fc", "qkv", "o_proj", "gate_up", "down_proj", "lm_head")
 
 
 # ------------------------------------------------------------------------------------------------ load
