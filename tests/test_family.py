@@ -319,3 +319,16 @@ def test_corpus_packages_and_batch_scale():
         assert b.tokens // (b.batch * b.seq) == a.tokens // (a.batch * a.seq)  # same steps
         assert b.copy_schedule == a.copy_schedule and b.code_schedule == a.code_schedule
     assert scale_batches(DEFAULT_SPECS, 1) == list(DEFAULT_SPECS)
+
+
+def test_bf16_autocast_only_where_the_device_runs_it_fast(monkeypatch):
+    """Without bf16 instructions torch emulates bf16 matmuls many times slower than fp32: the default trains in fp32
+    there and says so in one line; --no-bf16 always means fp32."""
+    from speclab.family import specs
+
+    said = []
+    monkeypatch.setattr(specs, "bf16_runs_fast", lambda device="cpu": False)
+    assert specs.bf16_setting(False, log=said.append) is False
+    assert len(said) == 1 and "fp32" in said[0] and "\n" not in said[0]
+    monkeypatch.setattr(specs, "bf16_runs_fast", lambda device="cpu": True)
+    assert specs.bf16_setting(False, log=said.append) is True and specs.bf16_setting(True) is False

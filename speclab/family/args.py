@@ -19,7 +19,8 @@ def add_train_arguments(p: argparse.ArgumentParser, heads: bool = True) -> None:
     p.add_argument("--out", type=Path, default=FAMILY_DIR, help="family directory (default: the package's)")
     p.add_argument("--runs", type=Path, default=Path("runs/family"), help="checkpoint directory")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--no-bf16", action="store_true", help="train in fp32 instead of bf16 autocast")
+    p.add_argument("--no-bf16", action="store_true",
+                   help="train in fp32 (default: bf16 autocast where the device has bf16 instructions)")
     p.add_argument("--no-quality", action="store_true")
     p.add_argument("--no-acceptance", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")

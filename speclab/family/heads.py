@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from . import FAMILY_DIR, MANIFEST
 from .data import batch_at, corpus_data
 from .model_dir import load_model_dir
-from .specs import DRAFT_CODE, DRAFT_COPY, RunSettings, fraction_at, lr_at
+from .specs import DRAFT_CODE, DRAFT_COPY, RunSettings, bf16_setting, fraction_at, lr_at
 from .tokenizer import load_tokenizer_file
 
 RUNS = Path("runs/heads")
@@ -392,7 +392,7 @@ def run_from_args(args) -> int:
     if args.only and any(o not in names for o in args.only):
         raise SystemExit(f"speclab train --heads: unknown head(s) {args.only}; known: {', '.join(names)}")
     cfg = HeadTrainConfig(seed=args.seed, minutes_scale=args.minutes_scale, only=args.only,
-                          threads=args.threads, bf16=not args.no_bf16,
+                          threads=args.threads, bf16=bf16_setting(args.no_bf16),
                           out_dir=Path(args.out) / "heads" if getattr(args, "out", None) else FAMILY_DIR / "heads",
                           runs_dir=Path(args.runs).parent / "heads" if args.runs else RUNS,
                           data_dir=Path(args.runs) if args.runs else Path("runs/family"))

@@ -97,6 +97,31 @@ DEFAULT_SPECS: list[ModelSpec] = [
 ]
 
 
+def bf16_runs_fast(device: str = "cpu") -> bool:
+    """Whether bf16 autocast speeds training up on ``device``: a GPU with bf16, or a CPU with bf16 instructions
+    (AVX512-BF16, AMX). Elsewhere torch emulates bf16 matmuls, many times slower than fp32."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def bf16_setting(no_bf16: bool, device: str = "cpu", log=print) -> bool:
+    """``--no-bf16`` or, by default, bf16 autocast where it runs fast (said in one line where it does not)."""
+    if no_bf16:
+        return False
+    if not bf16_runs_fast(device):
+        log(f"training in fp32: this {device.split(':')[0].upper()} has no bf16 instructions, where bf16 autocast "
+            f"runs many times slower")
+        return False
+    return True
+
+
 @dataclass
 class RunSettings:
     """What every training run of the family takes (the models here, the heads in :mod:`.heads`): its seed, a

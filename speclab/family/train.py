@@ -37,6 +37,7 @@ from .specs import (
     LARGE_TOKENIZER_CHARS,
     ModelSpec,
     TrainConfig,
+    bf16_setting,
     lr_at,
     scale_batches,
 )
@@ -336,7 +337,7 @@ def run_from_args(args) -> int:
     large = dict(corpus_kwargs=dict(LARGE_CORPUS), copy_chars=LARGE_COPY_CHARS,
                  tokenizer_chars=LARGE_TOKENIZER_CHARS) if args.large_corpus else {}
     cfg = TrainConfig(seed=args.seed, out_dir=args.out, runs_dir=args.runs, minutes_scale=args.minutes_scale,
-                      only=args.only, threads=args.threads, bf16=not args.no_bf16,
+                      only=args.only, threads=args.threads, bf16=bf16_setting(args.no_bf16, args.device),
                       quality=not args.no_quality, acceptance=not args.no_acceptance,
                       progress=not args.no_progress, device=args.device, batch_scale=args.batch_scale, **large)
     train_family(cfg, log=lambda s: print(s, flush=True))
