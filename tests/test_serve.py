@@ -1009,7 +1009,7 @@ def test_incremental_text_with_the_family_tokenizer(models):
     assert sent + d.finish(ids, lm.decode(ids).find("brûlée")) == lm.decode(ids)[:lm.decode(ids).find("brûlée")]
 
 
-def test_speculative_config_parsing():
+def test_speculative_config_parsing(tmp_path):
     from speclab.serve.config import parse_speculative_config
 
     s = parse_speculative_config('{"method": "draft_model", "model": "draft-s", "num_speculative_tokens": 3}')
@@ -1029,6 +1029,15 @@ def test_speculative_config_parsing():
         s = parse_speculative_config(text)
         assert parse_speculative_config(json.dumps(s.to_json())) == s
     assert parse_speculative_config("none").to_json() is None
+    # eagle3 names a speculators directory, as vLLM reads it; the parsed config carries its path to both servers
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text('{"speculators_model_type": "eagle3"}')
+    s = parse_speculative_config(json.dumps({"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}))
+    assert (s.method, s.model, s.k) == ("eagle3", str(head), 3)
+    assert parse_speculative_config(json.dumps(s.to_json())) == s
+    with pytest.raises(SpeclabError, match="speculators directory"):
+        parse_speculative_config(json.dumps({"method": "eagle3", "model": str(tmp_path / "none")}))
 
 
 def test_bench_serve_checks_its_speculative_config_with_the_servers_parser():

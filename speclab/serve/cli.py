@@ -25,9 +25,11 @@ from ..errors import SpeclabError
 from ..optional import require_package
 from .arrival import event_loop, stamp_listener, stamping_protocol
 
-SPEC_HELP = ("speculation, as vLLM's JSON: {\"method\": \"draft_model\"|\"ngram\"|\"synthetic\", \"model\": NAME, "
+SPEC_HELP = ("speculation, as vLLM's JSON: {\"method\": \"draft_model\"|\"ngram\"|\"suffix\"|\"eagle3\"|\"synthetic\", "
+             "\"model\": NAME, "
              "\"num_speculative_tokens\": K, \"prompt_lookup_max\": N, \"prompt_lookup_min\": N}, or 'none' for plain "
-             "decoding; NAME may be any drafter `speclab models` lists. Default: for a model of the embedded family, "
+             "decoding; NAME may be any drafter `speclab models` lists (eagle3: a speculators directory, or the "
+             "family's 'eagle3'). Default: for a model of the embedded family, "
              "its default drafter (eagle+suffix: the EAGLE head, suffix decoding where the text repeats) with "
              "num_speculative_tokens 4; for any other model, none")
 
