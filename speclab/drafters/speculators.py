@@ -276,7 +276,8 @@ def load_speculators(path, target) -> tuple[Eagle3Head, HeadConfig]:
 
 
 def _check_fingerprint(path, target) -> None:
-    """A head speclab trained records the target weights it read (``speclab.json``); other weights are refused."""
+    """A head speclab trained records the target weights it read (the fingerprint in its speclab.json file); other
+    weights are refused."""
     try:
         want = json.loads((Path(str(path)).expanduser() / "speclab.json").read_text()).get("target_fingerprint")
     except (OSError, ValueError):
