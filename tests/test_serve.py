@@ -1040,10 +1040,10 @@ def test_speculative_config_parsing(tmp_path):
         parse_speculative_config(json.dumps({"method": "eagle3", "model": str(tmp_path / "none")}))
 
 
-def test_bench_serve_checks_its_speculative_config_with_the_servers_parser():
+def test_bench_serve_checks_its_speculative_config_with_the_servers_parser(tmp_path):
     import argparse
 
-    from speclab.analysis.bench_serve import speculative_config_for
+    from speclab.analysis.bench_serve import _vllm_spec, speculative_config_for
 
     args = argparse.Namespace(speculative_config=None, draft="draft-s", k=3)
     assert speculative_config_for(args) == {"method": "draft_model", "model": "draft-s", "num_speculative_tokens": 3}
@@ -1053,6 +1053,11 @@ def test_bench_serve_checks_its_speculative_config_with_the_servers_parser():
     for bad in ('{"method": "eagle"}', "none", '{"num_speculative_tokens": 0}'):
         with pytest.raises(SpeclabError):
             speculative_config_for(argparse.Namespace(speculative_config=bad, draft=None, k=4))
+    # an EAGLE-3 head in the speculators format: both servers get method eagle3 with the same directory
+    (tmp_path / "config.json").write_text('{"speculators_model_type": "eagle3"}')
+    spec = speculative_config_for(argparse.Namespace(speculative_config=None, draft=str(tmp_path), k=3))
+    assert spec == {"method": "eagle3", "model": str(tmp_path), "num_speculative_tokens": 3}
+    assert _vllm_spec(spec) == (spec, None)
 
 
 @pytest.mark.slow
