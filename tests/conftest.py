@@ -23,6 +23,18 @@ def pytest_configure(config):
     _STDERR.append(os.dup(sys.stderr.fileno()))
 
 
+# the files whose slow tests take longest (a fresh venv, the GPU check's dry run, the notebooks, real vLLM servers),
+# longest first: pytest-xdist hands whole files to its workers in collection order, so starting these first keeps
+# both workers busy to the end instead of one running a long file alone
+LONGEST_FIRST = ("test_app.py", "test_gpu_check.py", "test_notebooks.py", "test_load.py", "test_serve_experiment.py",
+                 "test_outside_clients.py", "test_heldout.py", "test_browser.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A test stuck for STUCK_S seconds (its fixtures' set-up and tear-down included) dumps every thread's stack

@@ -17,7 +17,8 @@ BUILTIN = (
     ("suffix-match", "suffix match", "the longest earlier match of the context's suffix; draft length follows it"),
     ("eagle+suffix", "hybrid", "suffix decoding where the context repeats, the EAGLE head elsewhere"),
 )
-HEAD_ROLES = {"eagle": "EAGLE head", "medusa": "Medusa heads", "exit": "early exit (tuned)"}
+HEAD_ROLES = {"eagle": "EAGLE head", "eagle3": "EAGLE-3 head (speculators format)", "medusa": "Medusa heads",
+              "exit": "early exit (tuned)"}
 
 
 FAMILY_REPORT = Path(__file__).resolve().parents[1] / "family" / "acceptance.json"

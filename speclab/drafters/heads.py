@@ -250,13 +250,19 @@ def head_dir(name: str) -> Path | None:
 
 
 def list_heads() -> list[dict]:
-    """Shipped heads: name, kind, parameters, target, and their provenance."""
+    """Shipped heads: name, kind, parameters, target, and their provenance (an EAGLE-3 head in the speculators
+    format: kind "eagle3", its provenance from the directory's speclab.json)."""
     out = []
     if HEADS_DIR.is_dir():
         for d in sorted(HEADS_DIR.iterdir()):
             if (d / "head.json").is_file():
                 cfg = HeadConfig.from_json(json.loads((d / "head.json").read_text()))
                 out.append({"name": d.name, "kind": cfg.kind, "target": cfg.target, "path": str(d), **cfg.meta})
+            elif (d / "config.json").is_file() and (d / "speclab.json").is_file():
+                conf, meta = (json.loads((d / f).read_text()) for f in ("config.json", "speclab.json"))
+                target = ((conf.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path", "")
+                out.append({"name": d.name, "kind": conf.get("speculators_model_type", "?"), "target": target,
+                            "path": str(d), **{k: v for k, v in meta.items() if k != "target_fingerprint"}})
     return out
 
 
