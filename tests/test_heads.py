@@ -216,8 +216,8 @@ def test_shipped_heads_greedy_identity():
     target = cached_model("target", device="cpu", role="target")
     prompts = [load_workload("code")[0].prompt, load_workload("json")[0].prompt]
     ref = SpeculativeDecoder(target, None).generate(prompts, k=0, max_new_tokens=24).output_tokens
-    for spec in ("eagle", "eagle:tree=dynamic:nodes=8", "medusa", "medusa:tree=dynamic", "early-exit",
-                 "early-exit:3:tuned"):
+    for spec in ("eagle", "eagle:tree=dynamic:nodes=8", "eagle3", "eagle+suffix:head=eagle3", "medusa",
+                 "medusa:tree=dynamic", "early-exit", "early-exit:3:tuned"):
         res = SpeculativeDecoder(target, make_drafter(spec, target)).generate(prompts, k=6, max_new_tokens=24)
         assert res.output_tokens == ref, spec
         assert res.metrics["accepted_tokens"] > 0, spec  # trained heads do get tokens accepted

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 DRAFTERS = ("draft-xs", "draft-xs-distill", "draft-s", "draft-distill", "eagle", "medusa", "early-exit",
-            "early-exit:3:tuned", "ngram", "suffix", "suffix-match", "eagle+suffix")
+            "early-exit:3:tuned", "ngram", "suffix", "suffix-match", "eagle+suffix", "eagle3")
 
 
 def measure(target, drafters, workloads, prompts: int, k: int, max_new_tokens: int) -> dict[str, dict[str, float]]:
