@@ -452,6 +452,32 @@ def test_eagle3_matmuls_compute_the_published_layer(target_lm):
                 torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4, msg=f"{name} (frozen: {frozen})")
 
 
+@pytest.mark.skipif(not _shipped(), reason="the shipped heads are not trained yet")
+def test_the_family_eagle3_head_round_trips_through_the_speculators_format(tmp_path):
+    """The shipped EAGLE-3 head reads back from the speculators directory vLLM serves and writes out to the same
+    config and weights (no d2t / t2d: it covers the whole vocabulary)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from speclab.analysis.sweep import cached_model
+    from speclab.drafters.heads import HEADS_DIR
+    from speclab.drafters.speculators import load_speculators, save_speculators, speculators_dir
+
+    if speculators_dir("eagle3") is None:
+        pytest.skip("the family's EAGLE-3 head is not shipped")
+    target = cached_model("target", device="cpu", role="target")
+    src = HEADS_DIR / "eagle3"
+    head, cfg = load_speculators(src, target)
+    conf = json.loads((src / "config.json").read_text())
+    out = save_speculators(head.half(), cfg, tmp_path / "eagle3", verifier="target",
+                           verifier_architectures=conf["speculators_config"]["verifier"]["architectures"],
+                           num_target_layers=conf["num_target_layers"], speculative_tokens=4)
+    assert json.loads((out / "config.json").read_text()) == conf
+    a, b = load_file(str(src / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert set(a) == set(b) and "d2t" not in a and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_speculators_refusals_are_one_line(target_lm, tmp_path):
     import json
 

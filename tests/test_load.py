@@ -1167,11 +1167,12 @@ def test_sigterm_to_a_benchmark_stops_the_servers_it_started():
 
 @pytest.mark.slow
 def test_verdicts_and_counters_on_vllm(tmp_path):
-    """vLLM from its own venv (docs/vllm.md), plain and with the family's default draft at k = 4, started
-    in parallel (about 1.5-3 minutes on 2 busy cores; --enforce-eager, as their speed is not what is checked)."""
+    """vLLM from its own venv (docs/vllm.md), plain and with the family's EAGLE-3 head at k = 4 (method eagle3, the
+    speculators directory speclab trained), started in parallel (about 1.5-3 minutes on 2 busy cores;
+    --enforce-eager, as their speed is not what is checked): same greedy text, and the load tool reads both."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from speclab.family import DEFAULT_DRAFT, DEFAULT_TARGET, resolve
+    from speclab.family import DEFAULT_TARGET, resolve
     from speclab.load.servers import vllm_serve, vllm_venv
 
     venv = vllm_venv()
@@ -1179,8 +1180,13 @@ def test_verdicts_and_counters_on_vllm(tmp_path):
         pytest.skip("no vLLM venv (set SPECLAB_VLLM_VENV or run scripts/setup_vllm)")
     if resolve(DEFAULT_TARGET) is None:
         pytest.skip("family weights not present")
-    target, draft = str(resolve(DEFAULT_TARGET)), str(resolve(DEFAULT_DRAFT))
-    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 4}
+    from speclab.drafters.speculators import speculators_dir
+
+    head = speculators_dir("eagle3")
+    if head is None:
+        pytest.skip("the family's EAGLE-3 head is not shipped")
+    target = str(resolve(DEFAULT_TARGET))
+    spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 4}
     with ThreadPoolExecutor(2) as pool:
         futures = {"plain": pool.submit(vllm_serve, venv, target, eager=True),
                    "spec": pool.submit(vllm_serve, venv, target, spec, eager=True)}
