@@ -1211,7 +1211,8 @@ def test_verdicts_and_counters_on_vllm(tmp_path):
     sd = results["spec"]["levels"][0]["server"]["spec_decode"]
     assert sd["drafts"] > 0 and sum(sd["accepted_per_position"]) == sd["accepted_tokens"] <= sd["draft_tokens"]
     cmp_ = results["spec"]["levels"][0]["acceptance_vs_outside"]
-    assert cmp_["outside_estimate"] == pytest.approx(cmp_["server_mean_acceptance_length"], rel=0.15)
+    if calls["spec"] == "speculative":  # chunks a round each (not merged for a starved client): the same estimate
+        assert cmp_["outside_estimate"] == pytest.approx(cmp_["server_mean_acceptance_length"], rel=0.15)
     texts = [{r["prompt_id"]: r["text"] for r in res["levels"][0]["requests"]} for res in results.values()]
     assert texts[0] == texts[1]  # greedy: speculation changes nothing
 
