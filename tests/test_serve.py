@@ -705,7 +705,9 @@ def test_ttft_clock_starts_at_arrival(models):
     from speclab.serve.app import Server
 
     delay = 0.3
-    server = Server(SlowEncoding(models["target"], delay), None, Off(), served_name="slow")
+    # the core on a thread: this test's HTTP client runs beside the server's start (a fork then can copy an OpenSSL
+    # lock held, and the forked core deadlocks on it)
+    server = Server(SlowEncoding(models["target"], delay), None, Off(), served_name="slow", engine_process=False)
     body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0, "stream": True}
     with InProcess(server) as srv:
         m0 = scrape(srv.url)

@@ -95,9 +95,11 @@ class LoadJob(Job):
         pol = make_policy(policy, self.s.k)
         drafter = new_drafter(self.s.draft, target) if policy != "off" else None
         name = f"{self.s.target}"
+        # the engine core on a thread: a fork from the app's process, whose other threads may hold locks (OpenSSL's,
+        # inside an HTTP request), copies them held into a child that deadlocks on them
         srv = Server(target, drafter, pol, served_name=name, stream_split_tokens=self.s.split,
                      method="draft_model" if drafter is not None else "none",
-                     draft_name=self.s.draft if drafter is not None else "none")
+                     draft_name=self.s.draft if drafter is not None else "none", engine_process=False)
         return InProcessServer(srv), name
 
     def _run(self) -> None:
