@@ -152,7 +152,35 @@ class ExitAdapter(nn.Module):
         return rms(self.block(x), self.cfg.eps, self.norm)
 
 
-class EagleHead(nn.Module):
+class FrozenMatmuls:
+    """The bias-free matmuls of a drafting head, prepared for inference on a CPU by :meth:`_freeze_matmuls`: each
+    weight transposed and contiguous (x @ W^T runs faster than F.linear for the few-row matmuls of drafting, as for
+    the target's own forward), and packed for the few-row kernel where it runs (kernels/few_rows.c). Unfrozen
+    (training, or off the CPU), :meth:`_lin` is ``F.linear``. ``_weight(name)`` gives a matmul's weight (N, K)."""
+
+    _wt: dict[str, torch.Tensor]
+    _panels: dict[str, torch.Tensor]
+
+    def _weight(self, name: str) -> torch.Tensor:
+        return getattr(self, name).weight
+
+    def _freeze_matmuls(self, names) -> None:
+        if self._weight(names[0]).device.type != "cpu":
+            return
+        self._wt = {name: self._weight(name).t().contiguous() for name in names}
+        if few_rows.load() is not None:
+            self._panels = {name: few_rows.pack(self._weight(name)) for name in names
+                            if few_rows.packable(self._weight(name))}
+
+    def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        p = self._panels.get(name)
+        if p is not None and few_rows.takes(x):
+            return few_rows.matmul(x, p)
+        wt = self._wt.get(name)
+        return x @ wt if wt is not None else F.linear(x, self._weight(name))
+
+
+class EagleHead(FrozenMatmuls, nn.Module):
     """One decoder layer over [embedding of x_p, g_{p-1}] (see the module docstring). The attention is
     given its keys, values and mask from outside: the training-time test and the drafter's cache (and
     its trees) differ only in which keys a query may see."""
@@ -176,22 +204,8 @@ class EagleHead(nn.Module):
         self._panels: dict[str, torch.Tensor] = {}
 
     def freeze(self) -> None:
-        """Inference on a CPU: keep each matmul weight transposed and contiguous (x @ W^T runs faster than
-        F.linear for the few-row matmuls of drafting, as for the target's own forward), and packed for the
-        few-row kernel where it runs (kernels/few_rows.c)."""
-        if self.fc_in.weight.device.type == "cpu":
-            names = ("fc_feat", "fc_in", "wqkv", "wo", "w13", "w2")
-            self._wt = {name: getattr(self, name).weight.t().contiguous() for name in names}
-            if few_rows.load() is not None:
-                self._panels = {name: few_rows.pack(getattr(self, name).weight) for name in names
-                                if few_rows.packable(getattr(self, name).weight)}
-
-    def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        p = self._panels.get(name)
-        if p is not None and few_rows.takes(x):
-            return few_rows.matmul(x, p)
-        wt = self._wt.get(name)
-        return x @ wt if wt is not None else getattr(self, name)(x)
+        """Inference on a CPU (:class:`FrozenMatmuls`)."""
+        self._freeze_matmuls(("fc_feat", "fc_in", "wqkv", "wo", "w13", "w2"))
 
     def fuse(self, feats: list[torch.Tensor]) -> torch.Tensor:
         """The target's features at one position, one (..., C) per ``feature_layers`` -> g (..., C)."""

@@ -45,8 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import SpeclabError
-from ..kernels import few_rows
-from .heads import HEADS_DIR, EagleHead, HeadConfig, rms, rope, target_fingerprint
+from .heads import HEADS_DIR, EagleHead, FrozenMatmuls, HeadConfig, rms, rope, target_fingerprint
 
 SPECULATORS_VERSION = "0.1.0"
 
@@ -73,7 +72,7 @@ def default_aux_ids(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(FrozenMatmuls, nn.Module):
     """EAGLE-3's decoder layer with the interface of the family's :class:`EagleHead` (``fuse``, ``qkv``, ``finish``,
     ``out``) and its own LM head (``logits``: draft vocabulary scattered into the target's, -inf elsewhere)."""
 
@@ -105,28 +104,14 @@ class Eagle3Head(nn.Module):
         self._identity = False
 
     def freeze(self) -> None:
-        """Inference on a CPU: each matmul's weight transposed (q, k and v as one, gate and up as one) and packed
-        for the few-row kernel where it runs, as the family's head does; the whole-vocabulary identity mapping
-        skips the scatter into the target's vocabulary."""
+        """Inference on a CPU (:class:`~speclab.drafters.heads.FrozenMatmuls`; q, k and v as one matmul, gate and up
+        as one); a whole-vocabulary head's identity mapping skips the scatter into the target's vocabulary."""
         self._identity = self.lm_head.weight.shape[0] == self.cfg.vocab and not bool(self.d2t.any())
-        if self.fc.weight.device.type != "cpu":
-            return
-        self._wt = {name: self._weight(name).t().contiguous() for name in _MATMULS}
-        if few_rows.load() is not None:
-            self._panels = {name: few_rows.pack(self._weight(name)) for name in _MATMULS
-                            if few_rows.packable(self._weight(name))}
+        self._freeze_matmuls(_MATMULS)
 
     def _weight(self, name: str) -> torch.Tensor:
-        parts = _FUSED.get(name, (name,))
-        ws = [getattr(self, part).weight for part in parts]
+        ws = [getattr(self, part).weight for part in _FUSED.get(name, (name,))]
         return ws[0] if len(ws) == 1 else torch.cat(ws, 0)
-
-    def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        p = self._panels.get(name)
-        if p is not None and few_rows.takes(x):
-            return few_rows.matmul(x, p)
-        wt = self._wt.get(name)
-        return x @ wt if wt is not None else F.linear(x, self._weight(name))
 
     def fuse(self, feats: list[torch.Tensor]) -> torch.Tensor:
         """The target's features, one (..., C) per layer -> g (..., C); each feature RMS-normalised first where the
