@@ -332,3 +332,43 @@ def test_bf16_autocast_only_where_the_device_runs_it_fast(monkeypatch):
     assert len(said) == 1 and "fp32" in said[0] and "\n" not in said[0]
     monkeypatch.setattr(specs, "bf16_runs_fast", lambda device="cpu": True)
     assert specs.bf16_setting(False, log=said.append) is True and specs.bf16_setting(True) is False
+
+
+def test_contains_any_agrees_with_a_search_per_needle():
+    """The hashed one-pass search finds exactly what ``needle in text`` finds, at the start, the end and in between."""
+    import random
+
+    from speclab.family.corpus import contains_any
+
+    rng = random.Random(0)
+    text = "".join(rng.choice("ab \n") for _ in range(5000))
+    inside = (text[:12], text[2000:2012], text[-12:])
+    outside = tuple("".join(rng.choice("ab \n") for _ in range(11)) + "c" for _ in range(50))
+    for needle in inside:
+        assert contains_any(text, (needle,) + outside[:3])
+    assert not contains_any(text, outside)
+    assert not contains_any(text, ())
+    for _ in range(200):  # random needles: the same answer as a search for each
+        needles = tuple("".join(rng.choice("ab \n") for _ in range(6)) for _ in range(3))
+        assert contains_any(text, needles) == any(n in text for n in needles)
+
+
+def test_package_code_leaves_out_vendored_copies_and_files_with_excluded_text(tmp_path, monkeypatch):
+    """A head's package code: each package's own files in path order, no vendored copy of another project,
+    no file that shares an excluded window, and at most the per-package budget (the file that crosses it is the
+    last)."""
+    from speclab.family.corpus import package_code_documents
+
+    pkg = tmp_path / "toypkg"
+    (pkg / "_vendor" / "other").mkdir(parents=True)
+    body = "def f(x):\n    return x + 1\n" * 10
+    (pkg / "__init__.py").write_text("# toy\n" + body)
+    (pkg / "a.py").write_text("# a\n" + body)
+    (pkg / "b.py").write_text("# b\nSECRET_HELDOUT_TEXT = 1\n" + body)
+    (pkg / "c.py").write_text("# c\n" + body)
+    (pkg / "_vendor" / "other" / "d.py").write_text("# d\n" + body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    docs = package_code_documents(("toypkg",), 10**6, exclude=("SECRET_HELDOUT_TEXT",))
+    assert [d.name for d in docs] == ["toypkg/__init__.py", "toypkg/a.py", "toypkg/c.py"]
+    assert all(d.source == "code" for d in docs)
+    assert [d.name for d in package_code_documents(("toypkg",), 300)] == ["toypkg/__init__.py", "toypkg/a.py"]

@@ -504,3 +504,66 @@ def test_speculators_refusals_are_one_line(target_lm, tmp_path):
     with pytest.raises(SpeclabError, match="RMS normalisation is not linear") as e:
         save_speculators(own, own.cfg, tmp_path / "family")
     assert "\n" not in str(e.value) and not (tmp_path / "family").exists()
+
+
+def test_self_generated_rows_are_the_targets_greedy_text(tmp_path, target_lm):
+    """Each self-generated row is a prompt cut from a source, then the target's own greedy continuation (what
+    a solo greedy decode of that prompt gives, end-of-text not stopping it); the rows are built once and read
+    back from the cache after."""
+    from speclab.family.selfgen import PROMPT_TOKENS, self_generated
+
+    rng = np.random.default_rng(0)
+    V = target_lm.vocab_size
+    sources = [rng.integers(0, V, 3000).astype(np.uint16), rng.integers(0, V, 3000).astype(np.uint16)]
+    hf = target_lm.hf_model
+    seq = PROMPT_TOKENS[1] + 12
+    rows = self_generated(hf, sources, 6, seq, 0, tmp_path, "fp", batch=4, log=None)
+    assert rows.shape == (6, seq + 1) and rows.dtype == np.uint16
+    for i, row in enumerate(rows):
+        head = row[:PROMPT_TOKENS[0]].tobytes()
+        assert head in sources[i // 4].tobytes()  # cut from its batch's source (one per batch, in turn)
+        ids = torch.from_numpy(row[:PROMPT_TOKENS[1]].astype(np.int64))[None]  # at least the whole prompt
+        with torch.no_grad():  # greedy without a cache, one token at a time
+            while ids.shape[1] < seq + 1:
+                ids = torch.cat([ids, hf(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
+        assert ids[0].tolist() == row.tolist()
+    cached = list(tmp_path.glob("selfgen-*.npy"))
+    assert len(cached) == 1
+    np.save(cached[0], np.zeros_like(rows))  # a second call reads the cache, builds nothing
+    assert not self_generated(hf, sources, 6, seq, 0, tmp_path, "fp", batch=4, log=None).any()
+    assert self_generated(hf, sources, 6, seq, 1, tmp_path, "fp", batch=4, log=None).any()  # another seed: built
+
+
+def test_head_batches_mix_in_self_generated_rows():
+    """A head's batch: copy rows, code rows, general rows, and the self-generated rows last, by the spec's shares."""
+    from speclab.family.data import Data
+    from speclab.family.heads import HeadSpec, _batch
+
+    general = np.full(5000, 1, dtype=np.uint16)
+    data = Data(general, general[:100], {}, np.full(5000, 2, dtype=np.uint16), np.full(5000, 3, dtype=np.uint16))
+    data.selfgen = np.full((10, 33), 4, dtype=np.uint16)
+    spec = HeadSpec("t", "eagle", tokens=1, lr=1e-3, batch=8, seq=32, copy_schedule=((0, 0.25),),
+                    code_schedule=((0, 0.125),), self_schedule=((0, 0.5),), self_rows=10)
+    x = _batch(spec, data, 0, 0)
+    assert x.shape == (8, 32)
+    assert x[:, 0].tolist() == [2, 2, 3, 1, 4, 4, 4, 4]
+    data.selfgen = None  # no rows built: the general stream fills in
+    assert _batch(spec, data, 0, 0)[:, 0].tolist() == [2, 2, 3, 1, 1, 1, 1, 1]
+
+
+def test_other_head_recipes_train_only_when_named():
+    """A bare `speclab train --heads` trains the shipped heads; the other recipes only by name; the shipped
+    heads' recorded spec keys still name their specs."""
+    import json
+
+    from speclab.family import MANIFEST
+    from speclab.family.heads import HEAD_SPECS, RECIPE_SPECS, specs_to_train
+
+    assert specs_to_train(None) == HEAD_SPECS
+    assert [s.name for s in specs_to_train(["eagle-selfgen"])] == ["eagle-selfgen"]
+    assert [s.name for s in specs_to_train(["eagle", "eagle-packages"])] == ["eagle", "eagle-packages"]
+    with pytest.raises(SystemExit, match="unknown head"):
+        specs_to_train(["eagle-nope"])
+    shipped = {h["name"]: h["spec_key"] for h in json.loads(MANIFEST.read_text())["heads"]}
+    assert {s.name: s.key() for s in HEAD_SPECS} == shipped
+    assert len({s.key() for s in HEAD_SPECS + RECIPE_SPECS}) == len(HEAD_SPECS) + len(RECIPE_SPECS)

@@ -57,6 +57,30 @@ def test_no_heldout_prompt_occurs_in_the_training_corpus():
 
 
 @pytest.mark.slow
+def test_no_heldout_prompt_occurs_in_the_heads_package_code():
+    """The heads also train on installed packages' code: none of those packages is a held-out source or a
+    validation package, and no held-out prompt shares a window with the text they train or choose on."""
+    from speclab.family.corpus import package_code_documents
+    from speclab.family.heads import HEAD_CODE_PACKAGES, HEAD_SPECS, VALIDATION_PACKAGES, heldout_windows
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from build_heldout import CODE_PACKAGES, JSON_PACKAGES
+
+    assert not set(HEAD_CODE_PACKAGES) & set(CODE_PACKAGES + JSON_PACKAGES + VALIDATION_PACKAGES)
+    assert not set(VALIDATION_PACKAGES) & set(CODE_PACKAGES + JSON_PACKAGES)
+    packages = sorted({p for s in HEAD_SPECS for p in s.prompt_packages} | set(VALIDATION_PACKAGES))
+    per_package = max(s.chars_per_package for s in HEAD_SPECS)
+    text = "\x00".join(d.text for d in package_code_documents(tuple(packages), per_package, exclude=heldout_windows()))
+    assert len(text) > 5_000_000
+    found = []
+    for name in HELDOUT_WORKLOADS:
+        for p in load_workload(name):
+            starts = range(0, max(1, len(p.prompt) - WINDOW + 1), STRIDE)
+            found += [(p.id, p.prompt[i:i + WINDOW]) for i in starts if p.prompt[i:i + WINDOW] in text]
+    assert not found, found[:5]
+
+
+@pytest.mark.slow
 def test_build_script_is_deterministic(tmp_path):
     """Two builds from this environment's installed packages write the same files. (The committed files were built
     from the packages the lab's set-up installs; another environment holds other packages or versions, so

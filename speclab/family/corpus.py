@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -101,6 +102,71 @@ def source_files(packages: tuple[str, ...] = ()) -> list[tuple[str, Path]]:
         proot = package_root(name)
         out += [(f"{name}/{p.relative_to(proot)}", p) for p in _py_files(proot, MAX_FILE_BYTES)]
     return out
+
+
+# copies of other projects inside a package (pip's and setuptools' vendored packaging, requests, idna, ...)
+VENDORED_PARTS = {"_vendor", "vendor", "vendored", "_vendored", "extern", "_extern", "third_party"}
+
+
+def package_code_documents(packages: tuple[str, ...], chars_per_package: int,
+                           exclude: tuple[str, ...] = ()) -> list[Document]:
+    """Source files of installed packages as code documents: at most ``chars_per_package`` characters of
+    each (files in path order, vendored copies left out), and no file that contains any of the strings
+    in ``exclude`` (windows of evaluation prompts: the training text stays disjoint from them)."""
+    docs = []
+    for name in packages:
+        root, total = package_root(name), 0
+        for p in _py_files(root, MAX_FILE_BYTES):
+            if VENDORED_PARTS.intersection(p.relative_to(root).parts):
+                continue
+            text = _read(p)
+            if not text or not text.isascii() or contains_any(text, exclude):
+                continue
+            docs.append(Document("code", f"{name}/{p.relative_to(root)}", text))
+            total += len(text)
+            if total >= chars_per_package:
+                break
+    return docs
+
+
+def _window_hashes(data, n: int):
+    """A polynomial hash (mod 2**64) of every ``n``-byte window of ``data``, vectorised over positions."""
+    import numpy as np
+
+    b = np.frombuffer(data, dtype=np.uint8).astype(np.uint64)
+    if len(b) < n:
+        return np.zeros(0, dtype=np.uint64)
+    h = np.zeros(len(b) - n + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(n):
+            h = h * np.uint64(1_000_003) + b[j:len(b) - n + 1 + j]
+    return h
+
+
+@functools.lru_cache(maxsize=4)
+def _needle_hashes(needles: tuple[str, ...]):
+    import numpy as np
+
+    n = len(needles[0])
+    assert all(len(w) == n for w in needles), "needles of one length"
+    want = {int(_window_hashes(w.encode("ascii", "replace"), n)[0]): w for w in needles}
+    return want, np.fromiter(want, dtype=np.uint64)
+
+
+def contains_any(text: str, needles: tuple[str, ...]) -> bool:
+    """True when ``text`` contains one of ``needles`` (ASCII strings of one length): one hashed pass over the
+    text instead of a search per needle; a hash match is confirmed on the strings."""
+    import numpy as np
+
+    if not needles:
+        return False
+    n = len(needles[0])
+    want, keys = _needle_hashes(needles)
+    hashes = _window_hashes(text.encode("ascii", "replace"), n)
+    for i in np.flatnonzero(np.isin(hashes, keys)):
+        if text[i:i + n] == want[int(hashes[i])]:
+            return True
+    return False
 
 
 def _read(p: Path) -> str | None:

@@ -30,9 +30,11 @@ class Data:
     heldout_by_source: dict[str, np.ndarray]
     copy: np.ndarray | None = None
     code: np.ndarray | None = None
+    validation: np.ndarray | None = None  # text no model trains on, for choices between runs
+    selfgen: np.ndarray | None = None  # (rows, seq + 1): the target's own greedy text (selfgen.py)
 
 
-def _cached_stream(path: Path, build) -> np.ndarray:
+def cached_stream(path: Path, build) -> np.ndarray:
     """A token stream saved beside the checkpoints: built once, loaded after."""
     if path.exists():
         return np.load(path)
@@ -60,9 +62,9 @@ def corpus_data(corpus: Corpus, tok, kind: str, runs_dir: Path, seed: int, copy_
         data = encode_corpus(tok, corpus)
         np.savez(path, train=data.train, heldout=data.heldout,
                  **{"ho_" + k: v for k, v in data.heldout_by_source.items()})
-    data.copy = _cached_stream(Path(runs_dir) / f"copy2-{kind}-{fp}-{tid}.npy", lambda: encode_docs(
+    data.copy = cached_stream(Path(runs_dir) / f"copy2-{kind}-{fp}-{tid}.npy", lambda: encode_docs(
         tok, copy_documents(corpus.train, seed, copy_chars)))
-    data.code = _cached_stream(Path(runs_dir) / f"code-{kind}-{fp}-{tid}.npy", lambda: encode_docs(
+    data.code = cached_stream(Path(runs_dir) / f"code-{kind}-{fp}-{tid}.npy", lambda: encode_docs(
         tok, [d for d in corpus.train if d.source == "code"]))
     log(f"data {kind}: {len(data.train):,} train tokens, {len(data.heldout):,} held-out, "
         f"{len(data.copy):,} copy-heavy, {len(data.code):,} code")

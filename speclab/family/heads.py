@@ -31,7 +31,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -63,21 +63,60 @@ class HeadSpec:
     exit_layer: int = 3  # exit
     copy_schedule: tuple = DRAFT_COPY
     code_schedule: tuple = DRAFT_CODE
+    # installed packages whose sources are the code rows instead of the corpus's standard library (code the
+    # target never saw, as users' code is)
+    code_packages: tuple[str, ...] = ()
+    # rows of the target's own greedy text (speclab.family.selfgen): their share of a batch by step, and how
+    # many distinct rows; their prompts come from the corpus's general and code streams and, in turn, from the
+    # sources of ``prompt_packages``
+    self_schedule: tuple = ()
+    self_rows: int = 0
+    prompt_packages: tuple[str, ...] = ()
+    chars_per_package: int = 1_500_000
+
+    def _fields(self) -> dict:
+        """The spec as hashed: the data options at their defaults are left out, so the keys of heads trained
+        before those options existed still name the same recipe."""
+        d = asdict(self)
+        for f in ("code_packages", "self_schedule", "self_rows", "prompt_packages", "chars_per_package"):
+            if d[f] == HeadSpec.__dataclass_fields__[f].default:
+                d.pop(f)
+        return d
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self._fields(), sort_keys=True).encode()).hexdigest()[:12]
 
     def resume_key(self) -> str:
-        d = asdict(self)
+        d = self._fields()
         d.pop("tokens")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
+
+# Code the target never saw, for the recipes below: widely used pure-Python projects that a speclab installation
+# carries, none of them a source of the held-out workloads (scripts/build_heldout.py) or a validation package.
+HEAD_CODE_PACKAGES = ("numpy", "pandas", "sympy", "networkx", "torch", "transformers", "huggingface_hub",
+                      "gradio", "fastapi", "pydantic", "tornado", "IPython", "jedi", "parso", "setuptools", "pip",
+                      "rich", "typer", "uvicorn", "prompt_toolkit", "psutil", "yaml", "playwright")
+# code that no head trains on and no evaluation reports: where a head's choices are compared
+VALIDATION_PACKAGES = ("tqdm", "urllib3", "websockets", "charset_normalizer")
 
 HEAD_SPECS: list[HeadSpec] = [
     HeadSpec("eagle", "eagle", tokens=2_000_000, lr=2e-3),
     HeadSpec("eagle3", "eagle3", tokens=2_000_000, lr=2e-3, feature_layers=(1, 3, 5)),
     HeadSpec("medusa", "medusa", tokens=1_500_000, lr=2e-3),
     HeadSpec("exit-3", "exit", tokens=600_000, lr=2e-3, exit_layer=3),
+]
+
+
+# Other recipes for the EAGLE head, trained only when named (``--only``), never by a bare ``--heads``; each
+# accepted less than ``eagle`` on the family's and the held-out workloads (docs/heads.md, "Other recipes").
+RECIPE_SPECS: list[HeadSpec] = [
+    # half the rows code from other projects
+    HeadSpec("eagle-packages", "eagle", tokens=2_000_000, lr=2e-3, code_schedule=((0, 0.5),),
+             code_packages=HEAD_CODE_PACKAGES),
+    # half the rows the target's own greedy text, prompted from the corpus and from other projects' code
+    HeadSpec("eagle-selfgen", "eagle", tokens=2_000_000, lr=2e-3, code_schedule=((0, 0.125),),
+             self_schedule=((0, 0.5),), self_rows=3072, prompt_packages=HEAD_CODE_PACKAGES),
 ]
 
 
@@ -248,25 +287,41 @@ def _batch(spec: HeadSpec, data, seed: int, step: int) -> torch.Tensor:
     if frac > 0 and data.code is not None:
         n_code = max(1, round(spec.batch * frac))
         x[n_copy:n_copy + n_code] = batch_at(data.code, seed + 2, step, n_code, spec.seq)
+    frac = fraction_at(spec.self_schedule, step)
+    if frac > 0 and data.selfgen is not None:
+        n_self = min(spec.batch - n_copy - n_code, max(1, round(spec.batch * frac)))
+        pick = np.random.default_rng([seed + 3, step]).integers(0, len(data.selfgen), size=n_self)
+        x[spec.batch - n_self:] = torch.from_numpy(data.selfgen[pick, :spec.seq + 1].astype(np.int64))
     return x[:, :-1]  # the heads' labels come from the target: no next-token column needed
 
 
 @torch.no_grad()
 def evaluate(spec: HeadSpec, module, target, data, cos, sin, max_tokens: int, bf16: bool) -> dict:
-    """Held-out KL and top-1 agreement with the target per head / TTT step (agreement of step j ~ the
-    chance draft j is accepted greedily once drafts < j were)."""
+    """KL and top-1 agreement with the target per head / TTT step (agreement of step j ~ the chance draft j
+    is accepted greedily once drafts < j were) on the corpus's held-out split and, where the data has one,
+    on the validation packages' code."""
     module.eval()
+    out = {}
+    for label, stream in (("heldout", data.heldout), ("validation_code", data.validation)):
+        if stream is None:
+            continue
+        kl, agree = _stream_scores(spec, module, target, stream, cos, sin, max_tokens, bf16)
+        out.update({f"{label}_kl": kl, f"{label}_top1_agreement": agree})
+    module.train()
+    return out
+
+
+def _stream_scores(spec: HeadSpec, module, target, stream, cos, sin, max_tokens: int, bf16: bool):
     n_rows = max(1, max_tokens // spec.seq)
-    starts = np.linspace(0, len(data.heldout) - spec.seq - 2, n_rows).astype(int)
-    x = torch.from_numpy(np.stack([data.heldout[s:s + spec.seq] for s in starts]).astype(np.int64))
+    starts = np.linspace(0, len(stream) - spec.seq - 2, n_rows).astype(int)
+    x = torch.from_numpy(np.stack([stream[s:s + spec.seq] for s in starts]).astype(np.int64))
     losses, agree, n = None, None, 0
     for i in range(0, len(x), spec.batch):
         _, lo, ag = _step_loss(spec, module, target, x[i:i + spec.batch], cos, sin, bf16)
         losses = lo if losses is None else [a + b for a, b in zip(losses, lo)]
         agree = ag if agree is None else [a + b for a, b in zip(agree, ag)]
         n += 1
-    module.train()
-    return {"heldout_kl": [round(v / n, 4) for v in losses], "heldout_top1_agreement": [round(v / n, 4) for v in agree]}
+    return [round(v / n, 4) for v in losses], [round(v / n, 4) for v in agree]
 
 
 def train_head(spec: HeadSpec, cfg: HeadTrainConfig, target, data, fingerprint: str, log=print) -> dict:
@@ -360,6 +415,53 @@ def _record_manifest(entries: list[dict]) -> None:
     MANIFEST.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+def heldout_windows(window: int = 32, stride: int = 16) -> tuple[str, ...]:
+    """Every ``window``-character stretch of the held-out prompts at ``stride``: a text that shares
+    ``window + stride - 1`` characters with a prompt contains one of them."""
+    from ..workloads import HELDOUT_WORKLOADS, load_workload
+
+    out = {p.prompt[i:i + window] for name in HELDOUT_WORKLOADS for p in load_workload(name)
+           for i in range(0, max(1, len(p.prompt) - window + 1), stride)}
+    return tuple(sorted(w for w in out if len(w) == window and w.isascii()))
+
+
+def package_code(tok, packages: tuple[str, ...], chars_per_package: int, runs_dir: Path, log=print) -> np.ndarray:
+    """The token stream of ``packages``' sources, none of its files sharing a window with a held-out prompt
+    (cached in ``runs_dir`` by the files' names and contents)."""
+    from .corpus import package_code_documents
+    from .data import cached_stream, encode_docs
+    from .tokenizer import tokenizer_id
+
+    docs = package_code_documents(packages, chars_per_package, exclude=heldout_windows())
+    h = hashlib.sha256()
+    for d in docs:
+        h.update(d.name.encode())
+        h.update(hashlib.sha256(d.text.encode()).digest())
+    stream = cached_stream(Path(runs_dir) / f"pkgcode-{h.hexdigest()[:16]}-{tokenizer_id(tok)}.npy",
+                            lambda: encode_docs(tok, docs))
+    log(f"package code {','.join(packages)}: {len(docs)} files, {sum(len(d.text) for d in docs):,} chars, "
+        f"{len(stream):,} tokens")
+    return stream
+
+
+def _head_data(spec: HeadSpec, cfg: HeadTrainConfig, data, target, tok, fingerprint: str, log=print):
+    """The corpus streams, what this head's recipe adds (other code, self-generated rows), the validation code."""
+    from .selfgen import self_generated
+
+    runs = Path(cfg.data_dir)
+    if spec.code_packages:
+        data = replace(data, code=package_code(tok, spec.code_packages, spec.chars_per_package, runs, log))
+    selfgen = None
+    if spec.self_rows:
+        sources = [data.train, data.code]
+        if spec.prompt_packages:
+            sources.append(package_code(tok, spec.prompt_packages, spec.chars_per_package, runs, log))
+        selfgen = self_generated(target, [s for s in sources if s is not None], spec.self_rows, spec.seq,
+                                 cfg.seed, runs, fingerprint, log=log)
+    return replace(data, selfgen=selfgen,
+                   validation=package_code(tok, VALIDATION_PACKAGES, spec.chars_per_package, runs, log))
+
+
 def train_heads(cfg: HeadTrainConfig, log=print) -> list[dict]:
     from ..drafters.heads import target_fingerprint
     from .corpus import build_corpus
@@ -379,7 +481,8 @@ def train_heads(cfg: HeadTrainConfig, log=print) -> list[dict]:
         if cfg.only and spec.name not in cfg.only:
             continue
         t = time.time()
-        entry = train_head(spec, cfg, target, data, fingerprint, log)
+        entry = train_head(spec, cfg, target, _head_data(spec, cfg, data, target, tok, fingerprint, log),
+                           fingerprint, log)
         entry["train_seconds"] = round(time.time() - t, 1)
         entries.append(entry)
         if Path(cfg.out_dir).resolve() == (FAMILY_DIR / "heads").resolve():
@@ -387,11 +490,17 @@ def train_heads(cfg: HeadTrainConfig, log=print) -> list[dict]:
     return entries
 
 
+def specs_to_train(only: list[str] | None) -> list[HeadSpec]:
+    """The shipped heads' specs (all, or those named) and any other recipe named in ``only``."""
+    names = [s.name for s in HEAD_SPECS + RECIPE_SPECS]
+    if only and any(o not in names for o in only):
+        raise SystemExit(f"speclab train --heads: unknown head(s) {only}; known: {', '.join(names)}")
+    return [s for s in HEAD_SPECS if not only or s.name in only] + [s for s in RECIPE_SPECS if only and s.name in only]
+
+
 def run_from_args(args) -> int:
-    names = [s.name for s in HEAD_SPECS]
-    if args.only and any(o not in names for o in args.only):
-        raise SystemExit(f"speclab train --heads: unknown head(s) {args.only}; known: {', '.join(names)}")
-    cfg = HeadTrainConfig(seed=args.seed, minutes_scale=args.minutes_scale, only=args.only,
+    cfg = HeadTrainConfig(specs=specs_to_train(args.only), seed=args.seed, minutes_scale=args.minutes_scale,
+                          only=args.only,
                           threads=args.threads, bf16=bf16_setting(args.no_bf16),
                           out_dir=Path(args.out) / "heads" if getattr(args, "out", None) else FAMILY_DIR / "heads",
                           runs_dir=Path(args.runs).parent / "heads" if args.runs else RUNS,
