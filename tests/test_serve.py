@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import signal
 import socket
@@ -1116,6 +1117,51 @@ def test_core_shares_and_cpu_plan():
         assert plan_cpus("auto", 1) == ({allowed[0]}, set(allowed[1:]))
     else:
         assert plan_cpus("auto", 1) is None
+
+
+def test_fork_hazards_name_the_threads_a_fork_would_leave_behind(caplog):
+    """The threads beside the caller (asyncio's idle executor workers aside) are named, and an engine that forks a
+    core beside one logs a warning naming it; once that thread ends, nothing is named."""
+    import threading
+
+    from speclab.serve.runner import fork_hazards
+
+    before = set(fork_hazards())
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="client-thread")
+    t.start()
+    try:
+        assert set(fork_hazards()) - before == {"client-thread"}
+        w = threading.Thread(target=stop.wait, name="asyncio_0")  # an executor worker's name: not a hazard
+        w.start()
+        assert "asyncio_0" not in fork_hazards()
+        caplog.set_level(logging.WARNING, logger="speclab.serve")
+        asyncio.run(_fork_one_core())
+        assert any("client-thread" in r.getMessage() and "engine_process=False" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+    finally:
+        stop.set()
+        t.join()
+        w.join()
+    assert set(fork_hazards()) == before
+
+
+async def _fork_one_core():
+    """Fork one engine core that exits at once (before building a scheduler) and reap it; not replaced."""
+    from speclab.serve.runner import Engine
+
+    def make(hooks, core=0):
+        os._exit(0)
+
+    engine = Engine(make, process=True)
+    await engine._launch(engine.cores[0])
+    engine.stopping = True  # its exit is not a death to replace
+    worker = engine.cores[0].worker
+    await asyncio.to_thread(worker.join, 30)
+    if worker.is_alive():
+        worker.kill()
+    if engine.cores[0].channel is not None:
+        engine.cores[0].channel.close()
 
 
 def test_kernel_stamp_converts_the_packets_wall_time_to_the_servers_clock():

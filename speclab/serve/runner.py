@@ -122,6 +122,15 @@ def fork_ok(device) -> bool:
     return hasattr(os, "fork") and getattr(device, "type", "cpu") == "cpu"
 
 
+def fork_hazards() -> list[str]:
+    """Names of the Python threads alive beside the calling one, other than asyncio's executor workers (idle on
+    their queue between calls). A fork copies only the calling thread: a lock another thread holds at that moment
+    (OpenSSL's, logging's, an HTTP client's) stays held in the child for good, and the child hangs on it."""
+    me = threading.current_thread()
+    return [t.name for t in threading.enumerate()
+            if t is not me and t.is_alive() and not t.name.startswith("asyncio_")]
+
+
 def auto_cores(process: bool) -> int:
     """Engine cores by default: one per CPU this process may use where they can be processes, else 1 (measured:
     docs/serving.md, "Data parallelism")."""
@@ -222,6 +231,11 @@ class Engine:
         make = functools.partial(self._make, core=core.index)
         core.ready, core.running, core.waiting = False, 0, 0
         if self.process:
+            hazards = fork_hazards()
+            if hazards:
+                log.warning("forking engine core %d beside other threads (%s): a lock one of them holds now stays held "
+                            "in the core; a program with threads of its own should run the engine on a thread "
+                            "(engine_process=False)", core.index, ", ".join(hazards))
             ctx = multiprocessing.get_context("fork")
             core.worker = ctx.Process(target=_core_process, args=(make, theirs, ours, self.threads,
                                                                   self.cpus[0] if self.cpus else None),
