@@ -355,8 +355,8 @@ def test_contains_any_agrees_with_a_search_per_needle():
 
 def test_package_code_leaves_out_vendored_copies_and_files_with_excluded_text(tmp_path, monkeypatch):
     """A head's package code: each package's own files in path order, no vendored copy of another project,
-    no file that shares an excluded window, and at most the per-package budget (the file that crosses it is the
-    last)."""
+    no file that shares an excluded window, at most the per-package budget (the file that crosses it is the
+    last), and nothing from a package that is not installed."""
     from speclab.family.corpus import package_code_documents
 
     pkg = tmp_path / "toypkg"
@@ -372,3 +372,4 @@ def test_package_code_leaves_out_vendored_copies_and_files_with_excluded_text(tm
     assert [d.name for d in docs] == ["toypkg/__init__.py", "toypkg/a.py", "toypkg/c.py"]
     assert all(d.source == "code" for d in docs)
     assert [d.name for d in package_code_documents(("toypkg",), 300)] == ["toypkg/__init__.py", "toypkg/a.py"]
+    assert package_code_documents(("no_such_package_xyz", "toypkg"), 300) == package_code_documents(("toypkg",), 300)

@@ -61,15 +61,16 @@ def test_no_heldout_prompt_occurs_in_the_heads_package_code():
     """The heads also train on installed packages' code: none of those packages is a held-out source or a
     validation package, and no held-out prompt shares a window with the text they train or choose on."""
     from speclab.family.corpus import package_code_documents
-    from speclab.family.heads import HEAD_CODE_PACKAGES, HEAD_SPECS, VALIDATION_PACKAGES, heldout_windows
+    from speclab.family.heads import HEAD_CODE_PACKAGES, HEAD_SPECS, RECIPE_SPECS, VALIDATION_PACKAGES, heldout_windows
 
     sys.path.insert(0, str(ROOT / "scripts"))
     from build_heldout import CODE_PACKAGES, JSON_PACKAGES
 
     assert not set(HEAD_CODE_PACKAGES) & set(CODE_PACKAGES + JSON_PACKAGES + VALIDATION_PACKAGES)
     assert not set(VALIDATION_PACKAGES) & set(CODE_PACKAGES + JSON_PACKAGES)
-    packages = sorted({p for s in HEAD_SPECS for p in s.prompt_packages} | set(VALIDATION_PACKAGES))
-    per_package = max(s.chars_per_package for s in HEAD_SPECS)
+    specs = HEAD_SPECS + RECIPE_SPECS
+    packages = sorted({p for s in specs for p in s.code_packages + s.prompt_packages} | set(VALIDATION_PACKAGES))
+    per_package = max(s.chars_per_package for s in specs)
     text = "\x00".join(d.text for d in package_code_documents(tuple(packages), per_package, exclude=heldout_windows()))
     assert len(text) > 5_000_000
     found = []

@@ -112,10 +112,14 @@ def package_code_documents(packages: tuple[str, ...], chars_per_package: int,
                            exclude: tuple[str, ...] = ()) -> list[Document]:
     """Source files of installed packages as code documents: at most ``chars_per_package`` characters of
     each (files in path order, vendored copies left out), and no file that contains any of the strings
-    in ``exclude`` (windows of evaluation prompts: the training text stays disjoint from them)."""
+    in ``exclude`` (windows of evaluation prompts: the training text stays disjoint from them). A package
+    that is not installed (an extra this environment lacks) adds nothing."""
     docs = []
     for name in packages:
-        root, total = package_root(name), 0
+        try:
+            root, total = package_root(name), 0
+        except ValueError:
+            continue
         for p in _py_files(root, MAX_FILE_BYTES):
             if VENDORED_PARTS.intersection(p.relative_to(root).parts):
                 continue

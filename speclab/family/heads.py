@@ -98,7 +98,7 @@ HEAD_CODE_PACKAGES = ("numpy", "pandas", "sympy", "networkx", "torch", "transfor
                       "gradio", "fastapi", "pydantic", "tornado", "IPython", "jedi", "parso", "setuptools", "pip",
                       "rich", "typer", "uvicorn", "prompt_toolkit", "psutil", "yaml", "playwright")
 # code that no head trains on and no evaluation reports: where a head's choices are compared
-VALIDATION_PACKAGES = ("tqdm", "urllib3", "websockets", "charset_normalizer")
+VALIDATION_PACKAGES = ("tqdm", "jupyter_client", "prometheus_client", "platformdirs")
 
 HEAD_SPECS: list[HeadSpec] = [
     HeadSpec("eagle", "eagle", tokens=2_000_000, lr=2e-3),
