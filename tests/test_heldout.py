@@ -19,6 +19,16 @@ def _rows(name):
     return [json.loads(line) for line in (ROOT / "datasets" / f"{name}.jsonl").read_text().splitlines()]
 
 
+def heldout_windows_in(text: str) -> list[tuple[str, str]]:
+    """(prompt id, window) of every held-out prompt's WINDOW-character stretch at STRIDE that occurs in ``text``."""
+    found = []
+    for name in HELDOUT_WORKLOADS:
+        for p in load_workload(name):
+            starts = range(0, max(1, len(p.prompt) - WINDOW + 1), STRIDE)
+            found += [(p.id, p.prompt[i:i + WINDOW]) for i in starts if p.prompt[i:i + WINDOW] in text]
+    return found
+
+
 @pytest.mark.parametrize("name", HELDOUT_WORKLOADS)
 def test_heldout_workload_loads_with_sources(name):
     prompts = load_workload(name)
@@ -48,11 +58,7 @@ def test_no_heldout_prompt_occurs_in_the_training_corpus():
     if info and info.get("corpus") != corpus.fingerprint():
         pytest.skip("this Python's standard library builds a different corpus from the family's")
     text = "\x00".join(d.text for d in corpus.train + corpus.heldout)
-    found = []
-    for name in HELDOUT_WORKLOADS:
-        for p in load_workload(name):
-            starts = range(0, max(1, len(p.prompt) - WINDOW + 1), STRIDE)
-            found += [(p.id, p.prompt[i:i + WINDOW]) for i in starts if p.prompt[i:i + WINDOW] in text]
+    found = heldout_windows_in(text)
     assert not found, found[:5]
 
 
@@ -73,11 +79,7 @@ def test_no_heldout_prompt_occurs_in_the_heads_package_code():
     per_package = max(s.chars_per_package for s in specs)
     text = "\x00".join(d.text for d in package_code_documents(tuple(packages), per_package, exclude=heldout_windows()))
     assert len(text) > 5_000_000
-    found = []
-    for name in HELDOUT_WORKLOADS:
-        for p in load_workload(name):
-            starts = range(0, max(1, len(p.prompt) - WINDOW + 1), STRIDE)
-            found += [(p.id, p.prompt[i:i + WINDOW]) for i in starts if p.prompt[i:i + WINDOW] in text]
+    found = heldout_windows_in(text)
     assert not found, found[:5]
 
 

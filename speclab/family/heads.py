@@ -26,6 +26,7 @@ seed reproduces the shipped heads (up to float non-associativity across machines
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -415,6 +416,7 @@ def _record_manifest(entries: list[dict]) -> None:
     MANIFEST.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+@functools.lru_cache(maxsize=2)
 def heldout_windows(window: int = 32, stride: int = 16) -> tuple[str, ...]:
     """Every ``window``-character stretch of the held-out prompts at ``stride``: a text that shares
     ``window + stride - 1`` characters with a prompt contains one of them."""
@@ -445,7 +447,8 @@ def package_code(tok, packages: tuple[str, ...], chars_per_package: int, runs_di
 
 
 def _head_data(spec: HeadSpec, cfg: HeadTrainConfig, data, target, tok, fingerprint: str, log=print):
-    """The corpus streams, what this head's recipe adds (other code, self-generated rows), the validation code."""
+    """The corpus streams (with the validation code) and what this head's recipe adds: other code, self-generated
+    rows."""
     from .selfgen import self_generated
 
     runs = Path(cfg.data_dir)
@@ -458,8 +461,7 @@ def _head_data(spec: HeadSpec, cfg: HeadTrainConfig, data, target, tok, fingerpr
             sources.append(package_code(tok, spec.prompt_packages, spec.chars_per_package, runs, log))
         selfgen = self_generated(target, [s for s in sources if s is not None], spec.self_rows, spec.seq,
                                  cfg.seed, runs, fingerprint, log=log)
-    return replace(data, selfgen=selfgen,
-                   validation=package_code(tok, VALIDATION_PACKAGES, spec.chars_per_package, runs, log))
+    return replace(data, selfgen=selfgen)
 
 
 def train_heads(cfg: HeadTrainConfig, log=print) -> list[dict]:
@@ -476,6 +478,7 @@ def train_heads(cfg: HeadTrainConfig, log=print) -> list[dict]:
     corpus = build_corpus(cfg.seed)
     Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
     data = corpus_data(corpus, tok, "main", Path(cfg.data_dir), cfg.seed, cfg.copy_chars, log)
+    data.validation = package_code(tok, VALIDATION_PACKAGES, HeadSpec.chars_per_package, Path(cfg.data_dir), log)
     entries = []
     for spec in cfg.specs:
         if cfg.only and spec.name not in cfg.only:
