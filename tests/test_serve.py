@@ -908,10 +908,14 @@ def test_engine_process_death_fails_requests_in_flight(models):
                 os.kill(server.engine.workers[0].pid, signal.SIGKILL)
                 return await streaming
 
+        # the client that probes while the replacement core is forked exists before the kill: a client built in
+        # that window creates an SSL context, and a fork meanwhile copies OpenSSL's lock held into the new core
+        probe = httpx.Client(timeout=30)
         out = asyncio.run(run())
         assert "error" in out and out["finish_reason"] is None and out["error"]["code"] == "engine_core_died"
-        after = httpx.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=30)
-        health = httpx.get(srv.url + "/health", timeout=10).status_code
+        after = probe.post(url, json={"prompt": "hi", "max_tokens": 2})
+        health = probe.get(srv.url + "/health", timeout=10).status_code
+        probe.close()
         # the replacement may be ready already (a fork of a warm process); until it is, both say 503
         assert (after.status_code, health) in ((503, 503), (200, 200), (503, 200)), (after.text, health)
         if after.status_code == 503:
