@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVE_DEPS = ("fastapi", "uvicorn", "prometheus_client")
 pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in SERVE_DEPS),
                                 reason="needs fastapi, uvicorn and prometheus_client")
+STREAMS = 32  # streams in the killed-core test: 4 run on each core, the rest wait behind them
 PROMPTS = ["def fibonacci(n):\n", '{"name": "', "import numpy as np\n", "The quick brown fox", "Once upon a time",
            "SELECT id, name FROM", "# Notes\n\n", "for i in range(10):"]
 
@@ -116,12 +117,16 @@ def dp_server(tmp_path_factory):
 # ------------------------------------------------------------------------------ a core killed under load
 @pytest.mark.slow
 def test_a_core_killed_under_load_is_replaced_without_a_500(dp_server):
+    """32 streams on 8 rows: each core runs 4 and queues 12, so the killed core still holds requests however late
+    the kill comes (its cores decode ~800 tokens/s each: with only running streams, a starved test process could
+    see them decoding after the core had finished them all)."""
     srv = dp_server
     url = srv.url + "/v1/completions"
     cores = engine_children(srv.proc.pid)
     assert len(cores) == 2, cores
     long = {"max_tokens": 300, "ignore_eos": True, "temperature": 0}
     seen: list[tuple[str, int, str | None]] = []  # (what, status, error code) of every probe, kill to replacement
+    at_kill: dict = {}  # the streams and the server as the kill came (in a failure's message)
 
     async def probe(client, stop: asyncio.Event):
         i = 0
@@ -134,15 +139,18 @@ def test_a_core_killed_under_load_is_replaced_without_a_500(dp_server):
 
     async def run():
         async with httpx.AsyncClient(timeout=300) as client:
-            outs = [new_stream() for _ in range(8)]
-            streams = [asyncio.ensure_future(stream(client, url, {**long, "prompt": PROMPTS[i]}, outs[i]))
-                       for i in range(8)]
+            t0 = time.monotonic()
+            outs = [new_stream() for _ in range(STREAMS)]
+            streams = [asyncio.ensure_future(stream(client, url, {**long, "prompt": PROMPTS[i % len(PROMPTS)]},
+                                                    outs[i])) for i in range(STREAMS)]
             stop = asyncio.Event()
             prober = asyncio.ensure_future(probe(client, stop))
-            while not all(s.done() or o["chunks"] > 1 for s, o in zip(streams, outs)):  # every stream is running
+            while sum(o["chunks"] > 1 for o in outs) < 8:  # both cores' rows are decoding, the rest wait behind them
                 await asyncio.sleep(0.02)
             m = await asyncio.to_thread(scrape, srv.url)
             assert metric(m, "vllm:num_requests_running") >= 2, "both cores should be running streams"
+            at_kill.update(chunks=[o["chunks"] for o in outs], running=metric(m, "vllm:num_requests_running"),
+                           generated=metric(m, "vllm:generation_tokens_total"), since_start=time.monotonic() - t0)
             os.kill(cores[1], signal.SIGKILL)
             killed = time.monotonic()
 
@@ -161,7 +169,7 @@ def test_a_core_killed_under_load_is_replaced_without_a_500(dp_server):
     outs, ready_s, after = asyncio.run(run())
     died = [o for o in outs if o["error"] is not None]
     finished = [o for o in outs if o["error"] is None]
-    assert died and finished, outs  # both cores held streams
+    assert died and finished, (at_kill, outs)  # both cores held streams
     for o in died:
         assert o["status"] == 200 and o["error"]["code"] == "engine_core_died" and o["finish_reason"] is None, o
         assert set(o["error"]) == {"message", "type", "param", "code"}
@@ -209,6 +217,14 @@ def target():
     from speclab.models import load_model
 
     return load_model("target", device="cpu", role="target")
+
+
+def outcome(task: asyncio.Future) -> str:
+    """How a finished request task ended, for a failure's message: its status and body, or its exception."""
+    if task.exception() is not None:
+        return f"{type(task.exception()).__name__}: {task.exception()}"
+    r = task.result()
+    return f"{r.status_code}: {r.text[:500]}"
 
 
 def gated_lookup(gate: Path, delay: float = 0.0):
@@ -312,7 +328,7 @@ def test_the_http_side_answers_while_the_core_is_stuck_in_a_step(target, tmp_pat
                 answers = [(await client.get(srv.url + p)).status_code for p in ("/health", "/metrics", "/v1/models")]
                 bad = await client.post(url, json={"prompt": "hi", "max_tokens": -1})
                 full = await client.post(url, json={"prompt": "hi", "max_tokens": 2})
-                assert not held.done()  # all of that while the core was still in its step
+                assert not held.done(), outcome(held)  # all of that while the core was still in its step
                 gate.unlink()
                 return answers, bad, full, await held
 

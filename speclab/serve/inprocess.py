@@ -34,17 +34,20 @@ class InProcessServer:
     def start(self) -> "InProcessServer":
         import httpx
 
-        self.thread.start()
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            if not self.thread.is_alive():
-                break
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
+        # one client, built before the engine forks its cores: building a client makes an SSL context, and a fork
+        # while another thread holds OpenSSL's lock hands the child that lock held
+        with httpx.Client(timeout=1) as client:
+            self.thread.start()
+            deadline = time.monotonic() + self.timeout
+            while time.monotonic() < deadline:
+                if not self.thread.is_alive():
+                    break
+                try:
+                    if client.get(self.url + "/health").status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.05)
         self.stop()
         raise SpeclabError(f"the in-process speclab serve did not come up on {self.url}")
 
