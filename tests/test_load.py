@@ -672,6 +672,68 @@ def test_bench_serve_crossover_saturation_identity():
     assert median_rep(reps[:2])[1] == {"n": 1} and median_rep(reps[:1])[1] == {"n": 0}
 
 
+def test_bench_serve_pairs_each_repetition():
+    from speclab.analysis.bench_serve import paired_ratios
+
+    rows = [{"workload": "json", "concurrency": 32, "server": s, "tok_s": v[1], "tok_s_reps": v}
+            for s, v in (("speclab plain", [100.0, 120.0, 90.0]), ("speclab plain twin", [110.0, 120.0, 72.0]),
+                         ("vllm plain", [125.0, 100.0, None]))]
+    rows.append({"workload": "json", "concurrency": 1, "server": "speclab plain", "tok_s": 5.0})  # no partner
+    aa = paired_ratios(rows, "speclab plain twin", "speclab plain")
+    assert aa == {"json": {32: [pytest.approx(1.1), pytest.approx(1.0), pytest.approx(0.8)]}}
+    peer = paired_ratios(rows, "speclab plain", "vllm plain")
+    assert peer == {"json": {32: [pytest.approx(0.8), pytest.approx(1.2), None]}}  # a failed run pairs with nothing
+
+
+def test_bench_serve_prints_paired_ratios(capsys):
+    from speclab.analysis.bench_serve import print_paired
+
+    print_paired({"speclab plain / vllm plain": {"json": {32: [0.8, 1.2, None, 0.9]}}}, aa=False)
+    out = capsys.readouterr().out
+    assert out == "paired, speclab plain / vllm plain, json c=32: 0.80, 1.20, 0.90 per repetition (median 0.90x, " \
+                  "range 0.80-1.20)\n"
+
+
+def test_wait_quiet_waits_for_windows_in_a_row_under_the_bound():
+    from speclab.load.quiet import wait_quiet
+
+    class Fake:  # a clock and CPU counter: each sleep advances the clock, and the servers use the next rate
+        def __init__(self, rates):
+            self.t, self.cpu, self.rates = 0.0, 0.0, list(rates)
+
+        def sleep(self, s):
+            self.t += s
+            self.cpu += s * (self.rates.pop(0) if self.rates else 0.0)
+
+    f = Fake([0.5, 0.05, 0.5, 0.02, 0.0, 0.9])  # busy, quiet, busy again, then two quiet windows in a row
+    waited = wait_quiet([1], read=lambda _: f.cpu, sleep=f.sleep, clock=lambda: f.t)
+    assert waited == pytest.approx(1.0)  # five windows of 0.2 s: the quiet one between busy ones does not count
+    f = Fake([1.0] * 1000)  # never quiet: bounded
+    assert wait_quiet([1], max_s=3.0, read=lambda _: f.cpu, sleep=f.sleep, clock=lambda: f.t) == pytest.approx(3.0)
+    f = Fake([])
+    assert wait_quiet([1], read=lambda _: f.cpu, sleep=f.sleep, clock=lambda: f.t) == pytest.approx(0.4)
+
+
+def test_session_cpu_seconds_counts_a_busy_session_only():
+    import subprocess
+    import sys
+
+    from speclab.load.quiet import session_cpu_seconds
+
+    burn = ("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+            "print('ok', flush=True)\ntime.sleep(30)")
+    p = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == b"ok"
+        used = session_cpu_seconds([p.pid])
+        assert used >= 0.45  # its half second of CPU, whatever the machine's load
+        assert session_cpu_seconds([p.pid]) - used < 0.05  # asleep now: it uses nothing more
+        assert session_cpu_seconds([2 ** 22 + 7]) == 0.0  # a session nobody leads
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_interleaved_overhead_summary():
     from speclab.analysis.serve_overhead import summarize
 
@@ -1063,7 +1125,7 @@ def test_bench_serve_small(tmp_path, capsys):
         pytest.skip("family weights not present")
     out = tmp_path / "serve.json"
     rc = main(["bench", "serve", "--workload", "json", "--concurrency", "1,2", "--requests", "3",
-               "--max-new-tokens", "16", "--reps", "2", "--quiet", "--out", str(tmp_path)])
+               "--max-new-tokens", "16", "--reps", "2", "--aa", "--quiet", "--out", str(tmp_path)])
     assert rc == 0
     res = _json.loads(out.read_text())
     assert res["reps"] == 2
@@ -1075,7 +1137,9 @@ def test_bench_serve_small(tmp_path, capsys):
     # the load repeats its 3 prompts at each level and repetition: the speclab servers reuse their prefixes
     assert all(res["prefix_cache"][s]["hit_rate"] > 0.3 for s in ("speclab plain", "speclab speculative"))
     assert {(r["server"], r["concurrency"]) for r in res["rows"]} == {
-        (s, c) for s in ("speclab plain", "speclab speculative") for c in (1, 2)}
+        (s, c) for s in ("speclab plain", "speclab plain twin", "speclab speculative") for c in (1, 2)}
+    aa = res["paired_ratios"]["speclab plain twin / speclab plain"]["json"]  # the A/A control: one ratio per rep
+    assert set(aa) == {"1", "2"} and all(len(v) == 2 and all(x > 0 for x in v) for v in aa.values())
     assert all(r["failed"] == 0 and r["tok_s"] > 0 for r in res["rows"])
     seen = [(r["server"], r["concurrency"], r["pacing"], r["tok_s_reps"]) for r in res["rows"]]
     # a level of 3 short requests whose client was starved (CI on a busy 2-core machine: one repetition ran at half
@@ -1090,6 +1154,7 @@ def test_bench_serve_small(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "greedy identity, speclab speculative: " in text and "workload json" in text
     assert "server overhead: plain at concurrency 1 over solo generate -k 0" in text
+    assert "paired, speclab plain twin / speclab plain, json c=2: " in text
 
 
 def _proc_stat(pid: int | str) -> tuple[str, int] | None:

@@ -10,6 +10,12 @@ server output equals the solo ``speclab generate -k 0`` output of the same promp
 
 ``--peer vllm --vllm-venv PATH`` runs the same load against vLLM's CPU build started from that venv
 (plain, then with the same draft), one server at a time; without the venv it is skipped with a message.
+
+Before each run the benchmark waits until no server it started is still busy (:mod:`speclab.load.quiet`:
+vLLM's engine keeps a CPU busy for about a second after its last request, which the server measured next would
+pay for). ``--aa`` adds a second plain speclab server, identical to the first, to the rotation: the ratio of
+the twins, repetition by repetition, is the spread that noise alone gives a pair of servers, printed beside
+speclab's ratio to vLLM's plain server.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ import uuid
 from pathlib import Path
 
 from ..errors import SpeclabError
+from ..load.quiet import QUIET_BELOW
 from ..tables import num
 
+TWIN = "speclab plain twin"  # --aa: a second plain server, identical to "speclab plain" (the A/A control)
 SATURATION_GAIN = 1.10  # doubling concurrency must raise plain tokens/s by 10% to count as not saturated
 
 
@@ -98,6 +106,41 @@ def _row(server: str, workload: str, c: int, level: dict) -> dict:
             "server_acceptance_length": ((level.get("server") or {}).get("spec_decode") or {}).get(
                 "mean_acceptance_length"),
             "prefix_hit_rate": ((level.get("server") or {}).get("prefix_cache") or {}).get("hit_rate")}
+
+
+def paired_ratios(rows: list[dict], a: str, b: str) -> dict:
+    """{workload: {concurrency: [a's tokens/s over b's, one per repetition]}}: each ratio pairs the two servers'
+    runs of the same repetition (measured back to back in one rotation, so a slow minute hits both)."""
+    reps: dict = {}
+    for r in rows:
+        if r["server"] in (a, b):
+            reps.setdefault((r["workload"], r["concurrency"]), {})[r["server"]] = r.get("tok_s_reps") or [r["tok_s"]]
+    out: dict = {}
+    for (wl, c), by in reps.items():
+        if a in by and b in by:
+            out.setdefault(wl, {})[c] = [x / y if x and y else None for x, y in zip(by[a], by[b])]
+    return out
+
+
+def settle_summary(settles: list[float]) -> dict:
+    ok = sorted(settles)
+    return {"runs": len(ok), "median": ok[(len(ok) - 1) // 2] if ok else None, "max": ok[-1] if ok else None}
+
+
+def print_paired(paired: dict, aa: bool) -> None:
+    """One line per pair and cell: the per-repetition ratios, their median and range."""
+    if aa:
+        print(f"A/A control: {TWIN} is a second, identical plain server; its ratio to speclab plain is the spread "
+              f"that noise alone gives a pair of servers here")
+    for pair, by_wl in paired.items():
+        for wl, by_c in by_wl.items():
+            for c, ratios in by_c.items():
+                ok = sorted(x for x in ratios if x is not None)
+                if not ok:
+                    continue
+                mid = ok[(len(ok) - 1) // 2]
+                print(f"paired, {pair}, {wl} c={c}: {', '.join(f'{x:.2f}' for x in ratios if x is not None)} per "
+                      f"repetition (median {mid:.2f}x, range {ok[0]:.2f}-{ok[-1]:.2f})")
 
 
 def median_rep(measured: list, tok_s=lambda m: m[0]["tok_s"]):
@@ -233,6 +276,7 @@ def run_serve_bench(args) -> int:
     from ..defaults import default_target
     from ..load import Endpoint, LoadSpec, concurrency_levels, run
     from ..load.prompts import load_prompts, request_order
+    from ..load.quiet import wait_quiet
     from ..load.servers import speclab_serve, vllm_serve, vllm_venv
     from ..workloads import workload_names
 
@@ -268,6 +312,7 @@ def run_serve_bench(args) -> int:
     texts_of: dict[str, str] = {}
     levels_by_wl: dict[str, list[int]] = {}
     overhead_texts: dict[str, list[str]] = {}  # per workload: the prompts its concurrency-1 level sent
+    settles: list[float] = []  # seconds waited before each run for the servers to go quiet (speclab.load.quiet)
     interleaved = None
 
     @functools.cache
@@ -281,6 +326,7 @@ def run_serve_bench(args) -> int:
         ls = LoadSpec(levels=concurrency_levels(str(c)), prompts=prompts_by_wl[wl], num_requests=n_requests(c),
                       seed=args.seed, warmup=1 if warm else 0, quiet=True, tokenizer=target,
                       fresh=f"{run_salt}/{wl}/r{rep}" if prompt_mode == "fresh" else None)
+        settles.append(wait_quiet(srv.proc.pid for _, srv, _ in up))  # no server still busy from its last turn
         res = run(ep, ls)
         level = res["levels"][0]
         texts_of.update(level.get("fresh_prompts", {}))
@@ -317,9 +363,11 @@ def run_serve_bench(args) -> int:
         # so that the machine's drifts over minutes hit all of them alike
         pc = [] if prefix_caching == "on" else ["--no-enable-prefix-caching"]
         up.append(("speclab plain", speclab_serve(target, "none", threads=args.threads or 1, extra=pc), None))
+        if getattr(args, "aa", False):
+            up.append((TWIN, speclab_serve(target, "none", threads=args.threads or 1, extra=pc), None))
         up.append(("speclab speculative", speclab_serve(target, spec, policy=args.spec_policy,
                                                         threads=args.threads or 1, extra=pc), None))
-        log(f"speclab servers up (plain {up[0][1].started_s:.0f} s, speculative {up[1][1].started_s:.0f} s)")
+        log(f"speclab servers up ({', '.join(f'{name} {srv.started_s:.0f} s' for name, srv, _ in up)})")
         if peer is not None:
             from ..family import resolve
 
@@ -387,10 +435,13 @@ def run_serve_bench(args) -> int:
               "levels": levels_by_wl, "rows": rows, "crossover": cross,
               "identity": ident, "solo_generate": solo_speed,
               "server_overhead": {"interleaved": interleaved}, "prefix_cache": prefix_hit_rates(results),
-              "vllm_notes": vllm_notes,
+              "vllm_notes": vllm_notes, "settle_s": settle_summary(settles),
               "wall_s": time.perf_counter() - t_start, "load_results": results}
     if "vllm plain" in servers:
         result["crossover_vllm"] = crossover(rows, "vllm plain", "vllm speculative")
+    pairs = [(TWIN, "speclab plain"), ("speclab plain", "vllm plain")]
+    result["paired_ratios"] = {f"{a} / {b}": paired_ratios(rows, a, b) for a, b in pairs
+                               if a in servers and b in servers}
     print(format_table(rows, servers))
     for who, cx_all in (("speclab", cross), ("vllm", result.get("crossover_vllm") or {})):
         for wl, cx in cx_all.items():
@@ -413,6 +464,11 @@ def run_serve_bench(args) -> int:
     for server, d in ident["servers"].items():
         print(f"greedy identity, {server}: {d['identical']} of {d['prompts_checked']} prompts identical to solo "
               f"generation" + (f"; first mismatch {d['mismatches'][0]}" if d["mismatches"] else ""))
+    print_paired(result["paired_ratios"], aa=TWIN in servers)
+    st = result["settle_s"]
+    if st["runs"]:
+        print(f"before each of {st['runs']} runs, waited for every server to go quiet (under {QUIET_BELOW:g} CPU): "
+              f"median {st['median']:.1f} s, longest {st['max']:.1f} s")
     for n in vllm_notes:
         print(f"note: {n}")
     print(f"({result['wall_s']:.0f} s)")

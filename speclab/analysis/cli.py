@@ -144,6 +144,9 @@ def _serve_parser(sub) -> None:
     p.add_argument("--prompt-mode", choices=("repeat", "fresh"), default=None, help="fresh: each request's prompt "
                    "unique, so no prefix cache helps (default with --peer vllm); repeat: the workload's prompts again "
                    "and again (default otherwise)")
+    p.add_argument("--aa", action="store_true", help="an A/A control: a second plain speclab server, identical to "
+                   "the first, measured in the same rotation; prints each repetition's ratio of the twins beside the "
+                   "ratio to vLLM's plain server, so a gap can be read against the machine's noise")
     p.set_defaults(speculative_config=None)
 
 
