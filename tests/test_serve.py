@@ -922,7 +922,7 @@ def test_engine_process_death_fails_requests_in_flight(models):
             assert after.json()["error"]["code"] in ("engine_unavailable", "engine_core_died"), after.text
         wait_for(lambda: server.engine.cores[0].serving, 60, "the replacement core never became ready")
         assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
-        again = httpx.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        again = httpx.post(url, json={"prompt": "hi", "max_tokens": 2, "ignore_eos": True}, timeout=30)
         assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 2
         m = scrape(srv.url)
         assert metric(m, "speclab:engine_core_deaths_total") == 1 and metric(m, "speclab:engine_cores_serving") == 1

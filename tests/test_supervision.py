@@ -303,7 +303,7 @@ def test_a_request_past_its_deadline_gets_a_504_and_frees_its_slot(target, tmp_p
         assert streamed["status"] == 200 and streamed["error"]["code"] == "request_timeout"
         assert streamed["finish_reason"] is None
         wait_for(lambda: metric(scrape(srv.url), "vllm:num_requests_running") == 0, 30, "the rows were not freed")
-        r = httpx.post(url, json={"prompt": "hi", "max_tokens": 3}, timeout=30)
+        r = httpx.post(url, json={"prompt": "hi", "max_tokens": 3, "ignore_eos": True}, timeout=30)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
 
 
@@ -323,7 +323,10 @@ def test_the_http_side_answers_while_the_core_is_stuck_in_a_step(target, tmp_pat
 
         async def run():
             async with httpx.AsyncClient(timeout=60) as client:
-                held = asyncio.ensure_future(client.post(url, json={"prompt": PROMPTS[0], "max_tokens": 8}))
+                # greedy and past EOS: sampled (the API's default), its prefill's token was EOS about 3% of the
+                # time, and the request ended before any step could be held
+                held = asyncio.ensure_future(client.post(url, json={"prompt": PROMPTS[0], "max_tokens": 8,
+                                                                    "temperature": 0, "ignore_eos": True}))
                 await asyncio.to_thread(wait_for, lambda: server.engine.running == 1, 30, "the request never ran")
                 answers = [(await client.get(srv.url + p)).status_code for p in ("/health", "/metrics", "/v1/models")]
                 bad = await client.post(url, json={"prompt": "hi", "max_tokens": -1})
