@@ -122,9 +122,14 @@ def paired_ratios(rows: list[dict], a: str, b: str) -> dict:
     return out
 
 
+def lower_median(ordered: list):
+    """The middle item of ``ordered`` (sorted, not empty): the lower of the two middle ones for an even count."""
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def settle_summary(settles: list[float]) -> dict:
     ok = sorted(settles)
-    return {"runs": len(ok), "median": ok[(len(ok) - 1) // 2] if ok else None, "max": ok[-1] if ok else None}
+    return {"runs": len(ok), "median": lower_median(ok) if ok else None, "max": ok[-1] if ok else None}
 
 
 def print_paired(paired: dict, aa: bool) -> None:
@@ -138,17 +143,15 @@ def print_paired(paired: dict, aa: bool) -> None:
                 ok = sorted(x for x in ratios if x is not None)
                 if not ok:
                     continue
-                mid = ok[(len(ok) - 1) // 2]
                 print(f"paired, {pair}, {wl} c={c}: {', '.join(f'{x:.2f}' for x in ratios if x is not None)} per "
-                      f"repetition (median {mid:.2f}x, range {ok[0]:.2f}-{ok[-1]:.2f})")
+                      f"repetition (median {lower_median(ok):.2f}x, range {ok[0]:.2f}-{ok[-1]:.2f})")
 
 
 def median_rep(measured: list, tok_s=lambda m: m[0]["tok_s"]):
     """Of one cell's repetitions (by default ``(row, summary)`` pairs; ``tok_s`` reads a repetition's tokens/s),
     the one whose tokens/s is the median (the lower of the two middle ones for an even count; a failed level's
     None counts as 0)."""
-    order = sorted(measured, key=lambda m: tok_s(m) or 0.0)
-    return order[(len(order) - 1) // 2]
+    return lower_median(sorted(measured, key=lambda m: tok_s(m) or 0.0))
 
 
 def format_table(rows: list[dict], servers: list[str]) -> str:
